@@ -1,0 +1,36 @@
+"""layoutsearch: which parallelization layout to use for a large language-model training run.
+
+    import layoutsearch
+    ranked = layoutsearch.search(model="llama_13b", cluster="a100_80gb", num_gpus=64,
+                                 seq_length=2048, global_batch_size=2048, vocab_size=128000)
+"""
+
+from __future__ import annotations
+
+from layoutsearch.api import NoLayoutFitsWarning, predict, search
+from layoutsearch.catalog import load_cluster, load_model
+from layoutsearch.costs import AnalyticCostModel, CostModel, build_cost_model
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.layout import Layout
+from layoutsearch.measurements import read_measurements
+from layoutsearch.space import SearchSpace
+from layoutsearch.specs import ClusterSpec, GPUSpec, Job, ModelSpec
+
+__all__ = [
+    "AnalyticCostModel",
+    "ClusterSpec",
+    "CostModel",
+    "GPUSpec",
+    "Job",
+    "Layout",
+    "LayoutSearchError",
+    "ModelSpec",
+    "NoLayoutFitsWarning",
+    "SearchSpace",
+    "build_cost_model",
+    "load_cluster",
+    "load_model",
+    "predict",
+    "read_measurements",
+    "search",
+]

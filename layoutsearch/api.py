@@ -1,0 +1,134 @@
+"""The public Python API: `search` a job's layouts, `predict` measured or planned rows.
+
+    ranked = search(model="llama_13b", cluster="a100_80gb", num_gpus=64, seq_length=2048,
+                    global_batch_size=2048, vocab_size=128000)
+    ranked.head(10)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
+from layoutsearch.costs import CostModel, build_cost_model
+from layoutsearch.drivers import Driver, build_driver
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.measurements import validate_measurements
+from layoutsearch.problem import SearchProblem
+from layoutsearch.results import no_fit_message, rank
+from layoutsearch.rules import violations
+from layoutsearch.space import KNOBS, SearchSpace
+from layoutsearch.specs import ClusterSpec, Job, ModelSpec
+
+MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelSpec))
+
+
+class NoLayoutFitsWarning(UserWarning):
+    """Every candidate of a search is infeasible; the message says why and what to change."""
+
+
+def _split_overrides(overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    model_fields, pins = {}, {}
+    for key, value in overrides.items():
+        if key in MODEL_FIELDS:
+            model_fields[key] = value
+        elif key in KNOBS:
+            pins[key] = value
+        else:
+            raise LayoutSearchError(
+                f"unknown override {key}={value!r}: not a model field "
+                f"({', '.join(sorted(MODEL_FIELDS))}) nor a knob ({', '.join(KNOBS)})"
+            )
+    return model_fields, pins
+
+
+def resolve_model(model: str | ModelSpec, **fields: Any) -> ModelSpec:
+    spec = load_model(model) if isinstance(model, str) else model
+    return spec.replace(**fields) if fields else spec
+
+
+def resolve_cluster(cluster: str | ClusterSpec) -> ClusterSpec:
+    return load_cluster(cluster) if isinstance(cluster, str) else cluster
+
+
+def resolve_space(space: str | SearchSpace | Mapping[str, Any]) -> SearchSpace:
+    if isinstance(space, SearchSpace):
+        return space
+    if isinstance(space, str):
+        return SearchSpace.load(space)
+    return SearchSpace.from_dict(space)
+
+
+def search(
+    *,
+    model: str | ModelSpec,
+    cluster: str | ClusterSpec = "a100_80gb",
+    num_gpus: int,
+    seq_length: int,
+    global_batch_size: int,
+    search_space: str | SearchSpace | Mapping[str, Any] = "paper",
+    cost_model: str | Path | Mapping[str, Any] | CostModel = "analytic",
+    driver: str | Mapping[str, Any] | Driver = "grid",
+    **overrides: Any,
+) -> pd.DataFrame:
+    """Rank the layouts of one job, best first (feasible rows first).
+
+    `overrides` change model fields (`vocab_size=128000`) or pin knobs (`tp=2`,
+    `attention=["flash2"]`). The frame's `attrs["message"]` explains an empty answer.
+    """
+    model_fields, pins = _split_overrides(overrides)
+    job = Job(
+        model=resolve_model(model, **model_fields),
+        cluster=resolve_cluster(cluster),
+        num_gpus=num_gpus,
+        seq_length=seq_length,
+        global_batch_size=global_batch_size,
+    )
+    space = resolve_space(search_space)
+    if pins:
+        space = space.pin(**pins)
+    clusters = {**clusters_by_gpu(), job.cluster.gpu.name: job.cluster}
+    problem = SearchProblem.build(job, space, build_cost_model(cost_model), clusters)
+    ranked = rank(build_driver(driver).run(problem))
+    message = no_fit_message(ranked, job)
+    ranked.attrs["job"] = job
+    ranked.attrs["message"] = message or ""
+    if message:
+        warnings.warn(message, NoLayoutFitsWarning, stacklevel=2)
+    return ranked
+
+
+def predict(
+    frame: pd.DataFrame | str | Path,
+    cost_model: str | Path | Mapping[str, Any] | CostModel = "analytic",
+    clusters: Mapping[str, ClusterSpec] | None = None,
+) -> pd.DataFrame:
+    """The rows of a measurement-schema frame (or file) with the cost model's predictions.
+
+    Adds `predicted_mfu`, `predicted_step_time_s`, `predicted_peak_memory_gib`,
+    `predicted_fits` and `predicted_reason`; the given columns are left as they were.
+    """
+    if isinstance(frame, str | Path):
+        source = str(frame)
+        parquet = str(frame).endswith((".parquet", ".pq"))
+        frame = pd.read_parquet(frame) if parquet else pd.read_csv(frame)
+    else:
+        source = "frame"
+    rows = validate_measurements(frame, source=source)
+    clusters = dict(clusters or clusters_by_gpu())
+    rule_reason = violations(rows, clusters)
+    scored = build_cost_model(cost_model).score(rows, clusters)
+    out = frame.reset_index(drop=True).copy()
+    out["predicted_mfu"] = scored["mfu"].to_numpy()
+    out["predicted_step_time_s"] = scored["step_time_s"].to_numpy()
+    out["predicted_peak_memory_gib"] = scored["peak_memory_gib"].to_numpy()
+    fits = scored["fits"].fillna(False).astype(bool) & (rule_reason == "")
+    out["predicted_fits"] = fits.to_numpy()
+    out["predicted_reason"] = rule_reason.where(rule_reason != "", scored["cost_reason"]).to_numpy()
+    return out

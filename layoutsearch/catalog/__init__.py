@@ -1,0 +1,82 @@
+"""The built-in catalog: published model dimensions and GPU clusters, one YAML file each.
+
+The folders `model/` and `cluster/` double as Hydra config groups (`model=llama_13b`,
+`cluster=a100_80gb`), so the CLI and Python read the very same files.
+
+    model = load_model("llama_13b", vocab_size=128000)
+    cluster = load_cluster("a100_80gb")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from layoutsearch.errors import LayoutSearchError, unknown_name_message
+from layoutsearch.specs import ClusterSpec, GPUSpec, ModelSpec
+
+CATALOG_DIR = Path(__file__).parent
+MODEL_DIR = CATALOG_DIR / "model"
+CLUSTER_DIR = CATALOG_DIR / "cluster"
+
+
+def model_names() -> list[str]:
+    return sorted(p.stem for p in MODEL_DIR.glob("*.yaml"))
+
+
+def cluster_names() -> list[str]:
+    return sorted(p.stem for p in CLUSTER_DIR.glob("*.yaml"))
+
+
+@cache
+def _read(path: Path) -> dict[str, Any]:
+    with path.open() as handle:
+        return dict(yaml.safe_load(handle))
+
+
+def _construct(cls: type, kind: str, fields: Mapping[str, Any]) -> Any:
+    try:
+        return cls(**fields)
+    except TypeError as error:  # unknown or missing field: say which
+        raise LayoutSearchError(f"{kind} definition {dict(fields)!r}: {error}") from None
+
+
+def model_from_dict(fields: Mapping[str, Any]) -> ModelSpec:
+    """A ModelSpec from YAML/Hydra fields (keys as in `catalog/model/*.yaml`)."""
+    return _construct(ModelSpec, "model", {k: v for k, v in fields.items() if k != "_target_"})
+
+
+def cluster_from_dict(fields: Mapping[str, Any]) -> ClusterSpec:
+    """A ClusterSpec from YAML/Hydra fields; `gpu` is a nested mapping."""
+    fields = dict(fields)
+    gpu = fields.pop("gpu", None)
+    if not isinstance(gpu, Mapping):
+        raise LayoutSearchError(f"cluster definition {fields!r}: needs a 'gpu' mapping")
+    return _construct(ClusterSpec, "cluster", {**fields, "gpu": _construct(GPUSpec, "gpu", gpu)})
+
+
+def load_model(name: str, **overrides: Any) -> ModelSpec:
+    """A catalog model by name, with any field overridden (`vocab_size=128000`)."""
+    path = MODEL_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise LayoutSearchError(unknown_name_message("model", name, model_names()))
+    model = model_from_dict(_read(path))
+    return model.replace(**overrides) if overrides else model
+
+
+def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
+    """A catalog cluster by name (named after its GPU kind, e.g. `h100_sxm`)."""
+    path = CLUSTER_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise LayoutSearchError(unknown_name_message("cluster", name, cluster_names()))
+    cluster = cluster_from_dict(_read(path))
+    return cluster.replace(**overrides) if overrides else cluster
+
+
+def clusters_by_gpu() -> dict[str, ClusterSpec]:
+    """Every catalog cluster keyed by its GPU name (the `gpu` column of measurements)."""
+    return {c.gpu.name: c for c in map(load_cluster, cluster_names())}

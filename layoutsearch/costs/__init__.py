@@ -1,0 +1,59 @@
+"""Cost models and how they are built from config (an allowlist of `_target_`s).
+
+A config of the `cost_models/` group names its class in `_target_`; only the targets
+registered here can be instantiated, so a YAML file cannot run arbitrary code.
+
+    model = build_cost_model("analytic")
+    model = build_cost_model({"_target_": "layoutsearch.costs.analytic.AnalyticCostModel",
+                              "gpus": {...}})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from layoutsearch.costs.analytic import AnalyticCostModel
+from layoutsearch.costs.base import PREDICTION_COLUMNS, CostModel
+from layoutsearch.costs.constants import constants_path
+from layoutsearch.errors import LayoutSearchError
+
+Factory = Callable[..., CostModel]
+
+COST_MODEL_TARGETS: dict[str, Factory] = {
+    "layoutsearch.costs.analytic.AnalyticCostModel": AnalyticCostModel.from_config,
+}
+"""`_target_` -> factory(config without `_target_`, source=...). Register new models here."""
+
+
+def build_cost_model(
+    spec: str | Path | Mapping[str, Any] | CostModel, **settings: Any
+) -> CostModel:
+    """A cost model from a config name, a YAML path, a config mapping or an instance."""
+    if isinstance(spec, CostModel) and not isinstance(spec, str | Path | Mapping):
+        if settings:
+            raise LayoutSearchError(
+                f"settings {sorted(settings)} need a cost-model config, not an instance"
+            )
+        return spec
+    if isinstance(spec, str | Path):
+        path = constants_path(spec)
+        with path.open() as handle:
+            config = dict(yaml.safe_load(handle) or {})
+        source = str(spec)
+    else:
+        config, source = dict(spec), "cost model config"
+    config.update(settings)
+    target = config.pop("_target_", None)
+    if target not in COST_MODEL_TARGETS:
+        raise LayoutSearchError(
+            f"{source}: _target_={target!r} is not a registered cost model; "
+            f"registered: {', '.join(sorted(COST_MODEL_TARGETS))}"
+        )
+    return COST_MODEL_TARGETS[target](config, source=source)
+
+
+__all__ = ["PREDICTION_COLUMNS", "AnalyticCostModel", "CostModel", "build_cost_model"]

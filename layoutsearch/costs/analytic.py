@@ -1,0 +1,101 @@
+"""The analytic cost model: time and memory of every candidate from first principles.
+
+It prices a whole candidate table in one vectorized call (DESIGN.md principle 2): memory
+per GPU by component (`memory.py`), seconds per step by component (`timing.py`), then MFU
+by the study's formula, tokens/s and the go/no-go `fits`. Its constants — efficiencies and
+overheads per GPU kind — come from `cost_models/analytic.yaml` or a calibrated copy.
+
+    model = AnalyticCostModel.load("analytic")
+    scored = model.score(candidates, clusters)   # step_time_s, mfu, peak_memory_gib, ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from layoutsearch.costs.constants import AnalyticConstants, load_constants, parse_constants
+from layoutsearch.costs.memory import GIB, memory_breakdown
+from layoutsearch.costs.shapes import Array, Shapes
+from layoutsearch.costs.timing import time_breakdown
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.specs import ClusterSpec
+
+
+class AnalyticCostModel:
+    """Time and memory from formulas with a few physical constants per GPU kind."""
+
+    name = "analytic"
+
+    def __init__(self, constants: Mapping[str, AnalyticConstants], source: str = "") -> None:
+        self.constants = dict(constants)
+        self.source = source
+
+    @classmethod
+    def load(cls, name_or_path: str | Path = "analytic") -> AnalyticCostModel:
+        """Constants from a `cost_models/` config by name, or from a YAML file."""
+        return cls(load_constants(name_or_path), source=str(name_or_path))
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], source: str = "") -> AnalyticCostModel:
+        """From a `cost_models/` config: a `gpus:` mapping (and optional `provenance:`)."""
+        unknown = set(config) - {"gpus", "provenance"}
+        if unknown:
+            raise LayoutSearchError(
+                f"{source}: unknown setting(s) {', '.join(sorted(unknown))} for the analytic "
+                "cost model; it takes 'gpus' (constants per GPU kind) and 'provenance'"
+            )
+        return cls(parse_constants(config, source), source=source)
+
+    def _per_row(self, gpus: pd.Series) -> dict[str, Array]:
+        missing = set(gpus.unique()) - set(self.constants)
+        if missing:
+            raise LayoutSearchError(
+                f"cost model {self.source or self.name!r} has no constants for GPU kind(s) "
+                f"{', '.join(sorted(missing))}; it covers {', '.join(sorted(self.constants))}"
+            )
+        codes, kinds = pd.factorize(gpus)
+        out: dict[str, Array] = {}
+        for field in AnalyticConstants.__dataclass_fields__:
+            lookup = np.array([getattr(self.constants[g], field) for g in kinds])
+            out[field] = lookup[codes]
+        return out
+
+    def score(
+        self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec]
+    ) -> pd.DataFrame:
+        shapes = Shapes.of(candidates, clusters)
+        constants = self._per_row(candidates["gpu"])
+        times = time_breakdown(shapes, constants)
+        memory = memory_breakdown(shapes, constants)
+        step = np.sum(list(times.values()), axis=0)
+        peak_bytes = np.sum(list(memory.values()), axis=0)
+        tokens_per_step = shapes.global_batch * shapes.seq
+        # The study's MFU (Hagemann et al. 2023 after PaLM): 6N + 12·L·h·s per token.
+        attention_flops = 12 * shapes.num_layers * shapes.hidden * shapes.seq
+        flops_per_token = 6 * shapes.num_parameters + attention_flops
+        mfu = tokens_per_step * flops_per_token / (step * shapes.num_gpus * shapes.peak_flops)
+        fits = peak_bytes <= shapes.memory_bytes
+        out = {
+            "step_time_s": step,
+            "mfu": mfu,
+            "tokens_per_s": tokens_per_step / step,
+            "peak_memory_gib": peak_bytes / GIB,
+            "fits": fits,
+        }
+        out.update({f"time_{name}_s": value for name, value in times.items()})
+        out.update({f"memory_{name}_gib": value / GIB for name, value in memory.items()})
+        frame = pd.DataFrame(out, index=candidates.index)
+        frame["cost_reason"] = ""
+        if not fits.all():
+            over = ~fits
+            frame.loc[over, "cost_reason"] = (
+                "needs " + frame.loc[over, "peak_memory_gib"].map("{:.1f}".format)
+                + " GiB > " + pd.Series(shapes.memory_bytes[over] / GIB, index=frame.index[over])
+                .map("{:.1f}".format) + " GiB per GPU"
+            )
+        return frame

@@ -1,0 +1,42 @@
+"""The cost-model interface: price a table of candidate layouts in one call.
+
+A cost model is any object with a `name` and a `score(candidates, clusters)` method
+(DESIGN.md principle 6). `candidates` carries the measurement-schema columns of the job and
+the layout (see `space.SearchSpace.candidates`); `score` returns a frame on the same index
+with at least PREDICTION_COLUMNS, plus any breakdown columns (`time_*_s`, `memory_*_gib`).
+
+    class Constant:
+        name = "constant"
+        def score(self, candidates, clusters): ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+import pandas as pd
+
+from layoutsearch.specs import ClusterSpec
+
+PREDICTION_COLUMNS = (
+    "step_time_s",      # seconds per optimizer step (NaN where unknown)
+    "mfu",              # model FLOPs utilization 0..1, the study's formula
+    "tokens_per_s",     # trained tokens per second, whole job
+    "peak_memory_gib",  # peak device memory per GPU (NaN where unknown)
+    "fits",             # the go/no-go call: True if the layout is expected to run
+    "cost_reason",      # why it does not fit or is unpriced ("" otherwise)
+)
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """Prices layouts; never sees the driver that proposed them."""
+
+    name: str
+
+    def score(
+        self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec]
+    ) -> pd.DataFrame:
+        """One row per candidate (same index) with PREDICTION_COLUMNS and breakdowns."""
+        ...

@@ -1,0 +1,96 @@
+"""The analytic model's constants: efficiencies and overheads, per GPU kind, as data.
+
+They live in `cost_models/analytic.yaml` (DESIGN.md principle 4), each with a comment that
+says where its value comes from; calibration writes new files of the same shape.
+
+    constants = load_constants("analytic")["a100_80gb"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from layoutsearch.errors import LayoutSearchError, unknown_name_message
+from layoutsearch.paths import config_dir
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AnalyticConstants:
+    """Physical efficiencies and overheads of one GPU kind running Megatron-style training."""
+
+    gemm_efficiency: float
+    """Fraction of the dense bf16 peak that the transformer's GEMMs reach."""
+    flash1_efficiency: float
+    """Fraction of peak reached by FlashAttention 1, forward and backward together."""
+    flash2_efficiency: float
+    """Same for FlashAttention 2."""
+    flash3_efficiency: float
+    """Same for FlashAttention 3 (Hopper only)."""
+    memory_bandwidth_efficiency: float
+    """Fraction of HBM bandwidth that memory-bound kernels (norms, softmax, adds) reach."""
+    nvlink_efficiency: float
+    """NCCL bus bandwidth as a fraction of the NVLink rate, inside a node."""
+    network_efficiency: float
+    """NCCL bus bandwidth as a fraction of the per-GPU NIC rate, between nodes."""
+    kernel_overhead_s: float
+    """Seconds of launch and synchronization overhead per layer per forward-pass equivalent."""
+    dp_comm_exposed: float
+    """Fraction of the data-parallel gradient communication not hidden behind compute."""
+    gradient_bytes: float
+    """Bytes per gradient value kept per parameter (2 = bf16, 4 = fp32 main grads)."""
+    memory_overhead_gib: float
+    """CUDA context, NCCL buffers, workspaces and allocator fragmentation per GPU, GiB."""
+
+    @classmethod
+    def from_dict(cls, fields: Mapping[str, Any], where: str) -> AnalyticConstants:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(fields) - names
+        missing = names - set(fields)
+        if unknown or missing:
+            raise LayoutSearchError(
+                f"{where}: unknown constant(s) {sorted(unknown)}, missing {sorted(missing)}"
+            )
+        for name, value in fields.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise LayoutSearchError(f"{where}.{name}={value!r}: must be a number >= 0")
+        return cls(**{k: float(v) for k, v in fields.items()})
+
+    def to_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def constants_path(name_or_path: str | Path) -> Path:
+    """A cost-model config by group name (`analytic`) or by file path."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise LayoutSearchError(f"cost-model constants file {str(path)!r} does not exist")
+        return path
+    candidate = config_dir("cost_models") / f"{name_or_path}.yaml"
+    if not candidate.is_file():
+        names = [p.stem for p in config_dir("cost_models").glob("*.yaml")]
+        raise LayoutSearchError(unknown_name_message("cost model", str(name_or_path), names))
+    return candidate
+
+
+def parse_constants(config: Mapping[str, Any], where: str) -> dict[str, AnalyticConstants]:
+    """`{gpu name: constants}` from a config with a `gpus:` mapping."""
+    gpus = config.get("gpus")
+    if not isinstance(gpus, Mapping) or not gpus:
+        raise LayoutSearchError(f"{where}: needs a 'gpus' mapping of GPU kind -> constants")
+    return {
+        str(gpu): AnalyticConstants.from_dict(dict(values), f"{where}: gpus.{gpu}")
+        for gpu, values in gpus.items()
+    }
+
+
+def load_constants(name_or_path: str | Path = "analytic") -> dict[str, AnalyticConstants]:
+    path = constants_path(name_or_path)
+    with path.open() as handle:
+        return parse_constants(yaml.safe_load(handle) or {}, str(path))

@@ -1,0 +1,106 @@
+"""Peak device memory per GPU, by component, for every row of a candidate table.
+
+Sources: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models" (activations per layer, sequence parallelism, selective recomputation, 1F1B
+micro-batches in flight, interleaving); Megatron-LM `theoretical_memory_usage.py` (weights,
+gradients, optimizer state). The GPT formula is re-derived for LLaMA blocks: RMSNorm, a
+SwiGLU MLP with three matrices, rotary embeddings, no dropout. Bytes are bf16 (2) unless
+named fp32 (4).
+
+Left out: the embedding lookup's activations, RoPE's cos/sin tables, the loss's per-token
+scalars, fragmentation beyond the calibrated `memory_overhead_gib`.
+
+    parts = memory_breakdown(shapes, constants)   # bytes per component, one array each
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from layoutsearch.costs.shapes import Array, Shapes
+
+GIB = 2.0**30
+
+# Bytes kept per element of the s×s attention scores, per kernel. `torch` keeps the fp32
+# softmax output (4) and its bf16 copy fed to the AV matmul (2); Megatron's fused
+# scale-mask-softmax keeps only its bf16 output (2); FlashAttention recomputes the scores
+# in the backward pass and keeps none (Dao et al. 2022).
+SCORE_BYTES = {"torch": 6.0, "fused": 2.0, "flash1": 0.0, "flash2": 0.0, "flash3": 0.0}
+
+# Bytes kept per element of each norm's input. The fused RMSNorm kernel keeps its bf16
+# input (2) and a per-token rstd; PyTorch's RMSNorm keeps the fp32 upcast for pow/mul (4)
+# and the bf16 normalized value multiplied by the weight (2).
+NORM_BYTES_FUSED, NORM_BYTES_UNFUSED = 2.0, 6.0
+
+# Values per logit kept around the loss: the bf16 logits and the fp32 copy that Megatron's
+# vocab-parallel cross entropy turns into the softmax it keeps for backward coexist.
+LOGIT_BYTES = 6.0
+
+# Bytes per parameter of the fp32 optimizer state: master weights, Adam's two moments.
+OPTIMIZER_BYTES = 12.0
+WEIGHT_BYTES = 2.0
+
+
+def activation_bytes_per_layer(sh: Shapes) -> tuple[Array, Array]:
+    """Bytes one layer keeps for backward for one micro-batch: (without recompute, its input).
+
+    Token-wise tensors of width h are replicated on every TP rank unless sequence
+    parallelism splits them (Korthikanti §4.2.2); head- and ffn-sharded tensors divide by tp.
+    """
+    T, h, f, t = sh.tokens, sh.hidden, sh.ffn, sh.tp
+    replicated = np.where(sh.sequence_parallel, 1.0 / t, 1.0)
+    norm_bytes = np.where(sh.rmsnorm_kernel, NORM_BYTES_FUSED, NORM_BYTES_UNFUSED)
+    norms = 2 * norm_bytes * T * h * replicated  # two norms per block
+    linear_inputs = 2 * 2.0 * T * h * replicated  # QKV and FC1 keep the norms' outputs
+    qkv = 2.0 * T * (h + 2 * sh.kv_width) / t  # q, k, v for the attention backward
+    context = 2.0 * T * h / t  # attention output, input of the output projection
+    scores = sh.per_attention(SCORE_BYTES) * T * sh.seq * sh.heads / t
+    # SwiGLU keeps gate and up (4 bytes per ffn element) and their product for FC2 (2);
+    # a GELU MLP keeps its input and output (2 + 2).
+    mlp = np.where(sh.swiglu, 6.0, 4.0) * T * f / t
+    layer_input = 2.0 * T * h * replicated
+    selective = sh.is_recompute("selective")
+    mlp_recompute = sh.is_recompute("mlp")
+    kept = (
+        norms + linear_inputs + qkv + context
+        + np.where(selective, 0.0, scores)  # selective recomputes softmax(QK^T)V
+        + np.where(mlp_recompute, 0.0, mlp)  # the MLP's input (FC1's, above) is its checkpoint
+    )
+    return kept, layer_input
+
+
+def memory_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
+    """Bytes per GPU at the peak of the most loaded pipeline stage, by component."""
+    P = sh.params_per_gpu
+    weights = WEIGHT_BYTES * P
+    gradients = k["gradient_bytes"] * P
+    optimizer = OPTIMIZER_BYTES * P / np.where(sh.distributed_optimizer, sh.dp, 1.0)
+
+    kept, layer_input = activation_bytes_per_layer(sh)
+    full = sh.is_recompute("full")
+    # 1F1B: the first stage runs min(pp, micro-batches) forwards before its first backward
+    # (Narayanan et al. 2021); interleaving adds (pp-1)/(pp·vp) of that (Korthikanti §4.2.3).
+    in_flight = np.minimum(sh.pp, sh.micro_batches)
+    interleave = np.where(sh.vp > 1, 1 + (sh.pp - 1) / (sh.pp * sh.vp), 1.0)
+    stored_per_layer = np.where(full, layer_input, kept)
+    # With full recomputation one layer's whole working set is rebuilt during its backward.
+    working_layer = np.where(full, kept, 0.0)
+    first_stage = sh.layers_per_stage * in_flight * interleave * stored_per_layer + working_layer
+    last_stage = sh.layers_per_stage * stored_per_layer + working_layer
+    logits = LOGIT_BYTES * sh.tokens * sh.vocab / sh.tp
+    single_stage = sh.pp == 1
+    # The peak is on the first stage (most micro-batches in flight) or the last (logits).
+    use_last = single_stage | (last_stage + logits > first_stage)
+    activations = np.where(use_last, last_stage, first_stage)
+    logits = np.where(use_last, logits, 0.0)
+    overhead = k["memory_overhead_gib"] * GIB
+    return {
+        "weights": weights,
+        "gradients": gradients,
+        "optimizer": optimizer,
+        "activations": activations,
+        "logits": logits,
+        "overhead": overhead + np.zeros_like(P),
+    }

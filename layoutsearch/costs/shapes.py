@@ -1,0 +1,166 @@
+"""The numbers every analytic formula shares, computed once per candidate table.
+
+`Shapes` turns the measurement-schema columns of a candidate table into float arrays
+(one entry per row) plus derived sizes: tokens per micro-batch, micro-batches per step,
+layers per stage and parameters per GPU. Formulas in `memory.py` and `timing.py` read only
+these arrays, so each formula is written once and scores every row in one call.
+
+    shapes = Shapes.of(table, clusters)
+    shapes.params_per_gpu  # parameters held by the most loaded pipeline stage, per GPU
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from layoutsearch.errors import LayoutSearchError, unknown_name_message
+from layoutsearch.layout import ATTENTION_KERNELS, RECOMPUTE_KINDS
+from layoutsearch.specs import ClusterSpec
+
+Array = np.ndarray
+
+
+def _floats(table: pd.DataFrame, column: str) -> Array:
+    return table[column].to_numpy(dtype=np.float64)
+
+
+def _flags(table: pd.DataFrame, column: str) -> Array:
+    return table[column].to_numpy(dtype=bool)
+
+
+def _codes(table: pd.DataFrame, column: str, names: tuple[str, ...]) -> Array:
+    """Integer codes of a categorical column, indices into `names` (fast to look up)."""
+    return pd.Categorical(table[column], categories=list(names)).codes.astype(np.intp)
+
+
+def _per_gpu(table: pd.DataFrame, clusters: Mapping[str, ClusterSpec], attribute: str) -> Array:
+    values = {name: float(getattr(c.gpu, attribute)) for name, c in clusters.items()}
+    return table["gpu"].map(values).to_numpy(dtype=np.float64)
+
+
+def _per_cluster(table: pd.DataFrame, clusters: Mapping[str, ClusterSpec], attribute: str) -> Array:
+    values = {name: float(getattr(c, attribute)) for name, c in clusters.items()}
+    return table["gpu"].map(values).to_numpy(dtype=np.float64)
+
+
+@dataclass(frozen=True, slots=True)
+class Shapes:
+    """Per-row arrays of a candidate table (all float64 unless named as flags)."""
+
+    # model
+    num_layers: Array
+    hidden: Array
+    ffn: Array
+    heads: Array
+    kv_width: Array
+    """Width of the K (or V) projection: query groups × head dimension."""
+    vocab: Array
+    seq: Array
+    swiglu: Array  # flags
+    untied: Array  # flags
+    params_per_layer: Array
+    num_parameters: Array
+    # job and cluster
+    num_gpus: Array
+    gpus_per_node: Array
+    global_batch: Array
+    peak_flops: Array
+    """Dense bf16 peak, FLOP/s."""
+    memory_bytes: Array
+    memory_bandwidth: Array
+    """HBM bytes/s."""
+    intra_node_bandwidth: Array
+    inter_node_bandwidth: Array
+    # layout
+    tp: Array
+    pp: Array
+    dp: Array
+    cp: Array
+    vp: Array
+    micro_batch: Array
+    sequence_parallel: Array  # flags, False where tp = 1 (a no-op there)
+    rmsnorm_kernel: Array  # flags
+    distributed_optimizer: Array  # flags
+    attention: Array
+    """Index into layout.ATTENTION_KERNELS."""
+    recompute: Array
+    """Index into layout.RECOMPUTE_KINDS."""
+    # derived
+    tokens: Array
+    """Tokens of one micro-batch on one GPU: micro_batch · seq / cp."""
+    micro_batches: Array
+    """Micro-batches per pipeline per optimizer step."""
+    layers_per_stage: Array
+    params_per_gpu: Array
+    """Parameters on one GPU of the most loaded stage (its layers' and embedding shards)."""
+
+    @classmethod
+    def of(cls, table: pd.DataFrame, clusters: Mapping[str, ClusterSpec]) -> Shapes:
+        unknown = set(table["gpu"].unique()) - set(clusters)
+        if unknown:
+            raise LayoutSearchError(unknown_name_message("gpu", sorted(unknown)[0], clusters))
+        L = _floats(table, "num_layers")
+        h = _floats(table, "hidden_size")
+        f = _floats(table, "ffn_hidden_size")
+        a = _floats(table, "num_attention_heads")
+        kv = _floats(table, "num_query_groups") * h / a
+        V = _floats(table, "vocab_size")
+        swiglu = _flags(table, "swiglu")
+        untied = _flags(table, "untie_embeddings")
+        # Q and output projections h×h, K and V h×kv, MLP 3 (gated) or 2 matrices, two
+        # RMSNorm weights. Biases and LayerNorm's extra vector are below 0.01 % and left out.
+        per_layer = 2 * h * h + 2 * h * kv + np.where(swiglu, 3.0, 2.0) * h * f + 2 * h
+        num_parameters = L * per_layer + V * h * np.where(untied, 2.0, 1.0) + h
+        tp, pp = _floats(table, "tp"), _floats(table, "pp")
+        dp = np.maximum(_floats(table, "dp"), 1.0)
+        cp = _floats(table, "cp")
+        mb = _floats(table, "micro_batch_size")
+        seq = _floats(table, "seq_length")
+        global_batch = _floats(table, "global_batch_size")
+        layers_per_stage = L / pp
+        # Each end stage holds one vocabulary matrix (input embedding or output layer); with a
+        # single stage an untied model holds both. Megatron keeps a copy of a tied embedding
+        # on the last stage, so pp > 1 holds one matrix per end stage either way.
+        embedding_matrices = np.where((pp == 1) & untied, 2.0, 1.0)
+        params_per_gpu = (layers_per_stage * per_layer + embedding_matrices * V * h) / tp
+        return cls(
+            num_layers=L, hidden=h, ffn=f, heads=a, kv_width=kv, vocab=V, seq=seq,
+            swiglu=swiglu, untied=untied, params_per_layer=per_layer,
+            num_parameters=num_parameters,
+            num_gpus=_floats(table, "num_gpus"),
+            gpus_per_node=_floats(table, "gpus_per_node"),
+            global_batch=global_batch,
+            peak_flops=_per_gpu(table, clusters, "peak_tflops") * 1e12,
+            memory_bytes=_per_gpu(table, clusters, "memory_gib") * 2.0**30,
+            memory_bandwidth=_per_gpu(table, clusters, "memory_bandwidth_gbps") * 1e9,
+            intra_node_bandwidth=_per_cluster(table, clusters, "intra_node_bandwidth_gbps") * 1e9,
+            inter_node_bandwidth=_per_cluster(table, clusters, "inter_node_bandwidth_gbps") * 1e9,
+            tp=tp, pp=pp, dp=dp, cp=cp, vp=_floats(table, "vp"), micro_batch=mb,
+            sequence_parallel=_flags(table, "sequence_parallel") & (tp > 1),
+            rmsnorm_kernel=_flags(table, "rmsnorm_kernel"),
+            distributed_optimizer=_flags(table, "distributed_optimizer"),
+            attention=_codes(table, "attention", ATTENTION_KERNELS),
+            recompute=_codes(table, "recompute", RECOMPUTE_KINDS),
+            tokens=mb * seq / cp,
+            micro_batches=global_batch / (mb * dp),
+            layers_per_stage=layers_per_stage,
+            params_per_gpu=params_per_gpu,
+        )
+
+    def per_attention(self, values: Mapping[str, float]) -> Array:
+        """A number per row looked up by its attention kernel (e.g. bytes per score)."""
+        return np.array([values[k] for k in ATTENTION_KERNELS])[self.attention]
+
+    def per_recompute(self, values: Mapping[str, float]) -> Array:
+        """A number per row looked up by its checkpointing granularity."""
+        return np.array([values[k] for k in RECOMPUTE_KINDS])[self.recompute]
+
+    def is_attention(self, *kernels: str) -> Array:
+        return np.isin(self.attention, [ATTENTION_KERNELS.index(k) for k in kernels])
+
+    def is_recompute(self, *kinds: str) -> Array:
+        return np.isin(self.recompute, [RECOMPUTE_KINDS.index(k) for k in kinds])

@@ -1,0 +1,165 @@
+"""Seconds per optimizer step, by component, for every row of a candidate table.
+
+One micro-batch on the slowest pipeline stage is priced from its parts — GEMMs, attention,
+memory-bound element-wise kernels, tensor-parallel collectives, launch overhead — then the
+1F1B schedule turns it into a step: micro-batches × stage time plus the bubble
+(Narayanan et al. 2021: (pp−1)/vp stage times), plus the data-parallel gradient
+communication that is not overlapped and the optimizer step.
+
+Sources: FLOPs per GEMM as in Megatron-LM's `num_floating_point_operations` (Narayanan et
+al. 2021, appendix); collectives as ring algorithms (NCCL: an all-reduce moves 2(n−1)/n of
+the buffer per GPU, an all-gather or reduce-scatter (n−1)/n); element-wise traffic counted
+per kernel below. Left out: the embedding lookup, RoPE tables, attention-mask creation,
+and any overlap of tensor-parallel communication with compute (Megatron's default has none).
+
+    parts = time_breakdown(shapes, constants)   # seconds per component, one array each
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from layoutsearch.costs.shapes import Array, Shapes
+
+# Element-wise traffic per token and layer, forward pass, in bytes per unit of width. The
+# backward pass reads the saved inputs and the incoming gradients and writes the outgoing
+# ones: about twice the forward traffic (BACKWARD_TRAFFIC).
+# PyTorch RMSNorm: upcast (r2 w4), pow (r4 w4), mean (r4), x·rsqrt (r4 w4), downcast
+# (r4 w2), ·weight (r2 w2) = 36 bytes per element; the fused kernel reads 2 and writes 2.
+NORM_TRAFFIC_UNFUSED, NORM_TRAFFIC_FUSED = 36.0, 4.0
+# Two residual adds per block, each reading two bf16 tensors and writing one.
+RESIDUAL_TRAFFIC = 12.0
+# Megatron's fused bias-SwiGLU reads gate and up and writes their product (per ffn element);
+# a GELU MLP reads and writes one tensor.
+SWIGLU_TRAFFIC, GELU_TRAFFIC = 6.0, 4.0
+# Fused rotary embedding: reads and writes q and k once.
+ROPE_TRAFFIC = 4.0
+# Per element of the s×s scores, forward and backward together: PyTorch's softmax path
+# (baddbmm output, scale and mask, fp32 softmax, downcast, and their backward) moves about
+# 54 bytes; Megatron's fused scale-mask-softmax kernel 10; FlashAttention keeps scores on chip.
+SCORE_TRAFFIC = {"torch": 54.0, "fused": 10.0, "flash1": 0.0, "flash2": 0.0, "flash3": 0.0}
+# Vocabulary-parallel cross entropy per logit, forward and backward: upcast, max, subtract,
+# exp, sum, divide and the gradient, in fp32.
+LOSS_TRAFFIC = 52.0
+BACKWARD_TRAFFIC = 2.0
+BACKWARD_FLOPS = 2.0  # dgrad and wgrad GEMMs are each as large as the forward GEMM
+# Adam on the local shard: read the gradient, read and write fp32 master, m and v (24),
+# write the bf16 weight (2).
+OPTIMIZER_TRAFFIC = 26.0
+
+
+def _ring_bandwidth(sh: Shapes, k: Mapping[str, Array], group_span: Array) -> Array:
+    """Bus bandwidth of a collective whose ranks span `group_span` consecutive GPUs."""
+    inside = group_span <= sh.gpus_per_node
+    return np.where(
+        inside,
+        sh.intra_node_bandwidth * k["nvlink_efficiency"],
+        sh.inter_node_bandwidth * k["network_efficiency"],
+    )
+
+
+def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
+    """Seconds per optimizer step by component; the components sum to the step time."""
+    T, h, f, t, s = sh.tokens, sh.hidden, sh.ffn, sh.tp, sh.seq
+    peak = sh.peak_flops
+    bandwidth = sh.memory_bandwidth * k["memory_bandwidth_efficiency"]
+    replicated = np.where(sh.sequence_parallel, 1.0 / t, 1.0)
+    passes = 1.0 + BACKWARD_FLOPS  # forward + backward, in forward equivalents
+
+    # --- one layer, one micro-batch, forward ---
+    mlp_matrices = np.where(sh.swiglu, 3.0, 2.0)
+    attn_gemm_flops = 2 * T * (2 * h * h + 2 * h * sh.kv_width) / t
+    mlp_gemm_flops = 2 * T * mlp_matrices * h * f / t
+    gemm_rate = peak * k["gemm_efficiency"]
+    # QK^T and AV: 4·T·s·h FLOPs per layer; FlashAttention skips the masked causal half.
+    flash = sh.is_attention("flash1", "flash2", "flash3")
+    score_flops = 4 * T * s * h / t * np.where(flash, 0.5, 1.0)
+    attention_efficiency = np.select(
+        [sh.is_attention(kernel) for kernel in ("flash1", "flash2", "flash3")],
+        [k[f"{kernel}_efficiency"] for kernel in ("flash1", "flash2", "flash3")],
+        default=k["gemm_efficiency"],  # torch and fused run QK^T and AV as batched GEMMs
+    )
+    attention_rate = peak * attention_efficiency
+    score_traffic = sh.per_attention(SCORE_TRAFFIC) * T * s * sh.heads / t  # fwd + bwd
+    attention_s = passes * score_flops / attention_rate + score_traffic / bandwidth
+
+    norm_traffic = np.where(sh.rmsnorm_kernel, NORM_TRAFFIC_FUSED, NORM_TRAFFIC_UNFUSED)
+    token_traffic = (2 * norm_traffic + RESIDUAL_TRAFFIC) * T * h * replicated
+    mlp_traffic = np.where(sh.swiglu, SWIGLU_TRAFFIC, GELU_TRAFFIC) * T * f / t
+    rope_traffic = ROPE_TRAFFIC * T * (h + sh.kv_width) / t
+    elementwise_fwd_s = (token_traffic + mlp_traffic + rope_traffic) / bandwidth
+    attn_gemm_fwd_s = attn_gemm_flops / gemm_rate
+    mlp_gemm_fwd_s = mlp_gemm_flops / gemm_rate
+
+    # Tensor parallelism: two all-reduces of the T×h activations forward and two backward
+    # (with sequence parallelism all-gather + reduce-scatter pairs of the same volume).
+    tp_bandwidth = _ring_bandwidth(sh, k, t)
+    tp_collective_s = np.where(t > 1, 2 * (t - 1) / t * 2.0 * T * h / tp_bandwidth, 0.0)
+    tp_fwd_s = 2 * tp_collective_s
+
+    # Recomputation repeats forward work before the backward pass.
+    full = sh.is_recompute("full")
+    recompute_layer_s = np.select(
+        [full, sh.is_recompute("selective"), sh.is_recompute("mlp")],
+        [
+            attn_gemm_fwd_s + mlp_gemm_fwd_s + score_flops / attention_rate
+            + score_traffic / (1 + BACKWARD_TRAFFIC) / bandwidth + elementwise_fwd_s + tp_fwd_s,
+            score_flops / attention_rate + score_traffic / (1 + BACKWARD_TRAFFIC) / bandwidth,
+            mlp_gemm_fwd_s + mlp_traffic / bandwidth,
+        ],
+        default=0.0,
+    )
+    forward_equivalents = passes + np.where(full, 1.0, 0.0)
+
+    layers = sh.layers_per_stage
+    gemm = layers * passes * (attn_gemm_fwd_s + mlp_gemm_fwd_s)
+    attention = layers * attention_s
+    elementwise = layers * (1 + BACKWARD_TRAFFIC) * elementwise_fwd_s
+    recompute = layers * recompute_layer_s
+    tp_comm = layers * (tp_fwd_s * 2 + np.where(full, tp_fwd_s, 0.0))
+    overhead = layers * forward_equivalents * k["kernel_overhead_s"]
+
+    # The last stage also runs the output layer and the loss (the slowest stage).
+    logits_flops = 2 * T * h * sh.vocab / t
+    logits = passes * logits_flops / gemm_rate + LOSS_TRAFFIC * T * sh.vocab / t / bandwidth
+
+    # Pipeline: activations cross each stage boundary forward and their gradients backward;
+    # neighbouring stages sit tp·cp·dp ranks apart, on another node beyond gpus_per_node.
+    pp_span = t * sh.cp * sh.dp + 1
+    # Each TP rank sends its 1/tp slice (Megatron's scatter-gather, or the SP shard).
+    p2p_bytes = 2.0 * T * h / t
+    pp_comm_mb = np.where(sh.pp > 1, 2 * p2p_bytes / _ring_bandwidth(sh, k, pp_span), 0.0)
+
+    stage_mb = gemm + attention + elementwise + recompute + tp_comm + overhead
+    m = sh.micro_batches
+    bubble = (sh.pp - 1) / sh.vp * (stage_mb + logits / sh.pp)
+
+    # Data parallelism: reduce-scatter the gradients and all-gather the updated bf16 weights
+    # (distributed optimizer), or all-reduce the gradients; ranks are tp·cp apart.
+    d = sh.dp
+    P = sh.params_per_gpu
+    dp_bandwidth = _ring_bandwidth(sh, k, t * sh.cp * d)
+    dp_volume = np.where(
+        sh.distributed_optimizer,
+        (d - 1) / d * P * (k["gradient_bytes"] + 2.0),
+        2 * (d - 1) / d * P * k["gradient_bytes"],
+    )
+    dp_comm = k["dp_comm_exposed"] * dp_volume / dp_bandwidth
+    shard = P / np.where(sh.distributed_optimizer, d, 1.0)
+    optimizer = OPTIMIZER_TRAFFIC * shard / bandwidth
+
+    return {
+        "gemm": m * gemm,
+        "attention": m * attention,
+        "elementwise": m * elementwise,
+        "logits": m * logits,
+        "recompute": m * recompute,
+        "tp_comm": m * tp_comm,
+        "pp_comm": m * pp_comm_mb,
+        "overhead": m * overhead,
+        "bubble": bubble,
+        "dp_comm": dp_comm,
+        "optimizer": optimizer,
+    }

@@ -1,0 +1,46 @@
+"""Drivers propose layouts and collect their prices: grid, and more by registration.
+
+A driver has a `name` and `run(problem) -> DataFrame` (one row per evaluated layout).
+
+    driver = build_driver("grid")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import pandas as pd
+
+from layoutsearch.drivers.grid import GridDriver
+from layoutsearch.errors import LayoutSearchError, unknown_name_message
+from layoutsearch.problem import SearchProblem
+
+
+@runtime_checkable
+class Driver(Protocol):
+    name: str
+
+    def run(self, problem: SearchProblem) -> pd.DataFrame: ...
+
+
+DRIVERS: dict[str, Callable[..., Driver]] = {"grid": GridDriver}
+"""Driver name -> factory taking the driver's settings as keywords."""
+
+
+def build_driver(spec: str | Mapping[str, Any] | Driver, **settings: Any) -> Driver:
+    """A driver from its name (`grid`), a config mapping with `name`, or an instance."""
+    if isinstance(spec, Driver) and not isinstance(spec, str | Mapping):
+        return spec
+    if isinstance(spec, Mapping):
+        settings = {**{k: v for k, v in spec.items() if k not in ("name", "_target_")}, **settings}
+        spec = str(spec.get("name", ""))
+    if spec not in DRIVERS:
+        raise LayoutSearchError(unknown_name_message("driver", str(spec), DRIVERS))
+    try:
+        return DRIVERS[spec](**settings)
+    except TypeError as error:
+        raise LayoutSearchError(f"driver {spec!r}: {error}") from None
+
+
+__all__ = ["DRIVERS", "Driver", "GridDriver", "build_driver"]

@@ -1,0 +1,102 @@
+"""How well a cost model's ranking matches measurements (FIDELITY.md), per job and overall.
+
+A group is one sweep: the rows sharing (model, seq_length, gpu, num_gpus,
+global_batch_size). Rows that a kernel refused or that crashed are left out; twins of one
+effective layout (sequence parallelism at tp = 1 is a no-op) are averaged first.
+
+    table, summary = fidelity(predict(runs))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from layoutsearch.layout import LAYOUT_COLUMNS
+
+GROUP_COLUMNS = ("model", "seq_length", "gpu", "num_gpus", "global_batch_size")
+PREDICTED = ("predicted_mfu", "predicted_fits")
+
+
+def collapse_twins(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per effective layout of each group: SP at tp=1 folded, repeats averaged."""
+    rows = frame[frame["status"].isin(["ok", "oom"])].copy()
+    rows["sequence_parallel"] = rows["sequence_parallel"] & (rows["tp"] > 1)
+    keys = [c for c in (*GROUP_COLUMNS, *LAYOUT_COLUMNS) if c in rows.columns]
+    rows["ran"] = rows["status"] == "ok"
+    aggregations = {
+        "mfu": "mean", "ran": "mean", "predicted_mfu": "mean", "predicted_fits": "first",
+    }
+    collapsed = rows.groupby(keys, dropna=False, observed=True).agg(aggregations).reset_index()
+    # A layout measured both ok and oom counts as ok if most of its runs fit.
+    collapsed["status"] = np.where(collapsed["ran"] >= 0.5, "ok", "oom")
+    collapsed.loc[collapsed["status"] == "oom", "mfu"] = np.nan
+    return collapsed.drop(columns="ran")
+
+
+def _spearman(a: pd.Series, b: pd.Series) -> float:
+    if len(a) < 2:
+        return float("nan")
+    return float(a.rank().corr(b.rank()))
+
+
+@dataclass(frozen=True, slots=True)
+class GroupFidelity:
+    rows: int
+    fit_accuracy: float
+    fits_but_oom: int
+    oom_but_ran: int
+    spearman: float
+    regret_points: float
+    top3_hit: bool
+    mape: float
+
+
+def group_fidelity(group: pd.DataFrame) -> GroupFidelity:
+    ran = group["status"] == "ok"
+    predicted_fits = group["predicted_fits"].astype(bool)
+    ok = group[ran]
+    best = ok["mfu"].max()
+    candidates = group[predicted_fits].sort_values("predicted_mfu", ascending=False)
+    measured_of_pick = candidates["mfu"].fillna(0.0)  # a pick that went OOM scores 0
+    regret = (best - measured_of_pick.iloc[0]) * 100 if len(candidates) else best * 100
+    top3 = bool((measured_of_pick.head(3) >= best).any()) if len(candidates) else False
+    return GroupFidelity(
+        rows=len(group),
+        fit_accuracy=float((predicted_fits == ran).mean()),
+        fits_but_oom=int((predicted_fits & ~ran).sum()),
+        oom_but_ran=int((~predicted_fits & ran).sum()),
+        spearman=_spearman(ok["predicted_mfu"], ok["mfu"]),
+        regret_points=float(regret),
+        top3_hit=top3,
+        mape=float(((ok["predicted_mfu"] - ok["mfu"]).abs() / ok["mfu"]).mean()),
+    )
+
+
+def fidelity(predicted: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Per-group table and the summary line (overall fit accuracy, min ρ, max regret, ...)."""
+    missing = [c for c in PREDICTED if c not in predicted.columns]
+    if missing:
+        raise ValueError(f"fidelity needs predictions: missing {', '.join(missing)}")
+    collapsed = collapse_twins(predicted)
+    records = []
+    for key, group in collapsed.groupby(list(GROUP_COLUMNS), observed=True):
+        result = group_fidelity(group)
+        records.append({**dict(zip(GROUP_COLUMNS, key, strict=True)), **result.__dict__})
+    table = pd.DataFrame(records)
+    ok = collapsed[collapsed["status"] == "ok"]
+    ran = collapsed["status"] == "ok"
+    summary = {
+        "rows": float(len(collapsed)),
+        "fit_accuracy": float((collapsed["predicted_fits"].astype(bool) == ran).mean()),
+        "fits_but_oom": float(table["fits_but_oom"].sum()),
+        "oom_but_ran": float(table["oom_but_ran"].sum()),
+        "min_spearman": float(table["spearman"].min()),
+        "max_regret_points": float(table["regret_points"].max()),
+        "top3_hits": float(table["top3_hit"].sum()),
+        "groups": float(len(table)),
+        "mape": float(((ok["predicted_mfu"] - ok["mfu"]).abs() / ok["mfu"]).mean()),
+    }
+    return table, summary

@@ -1,0 +1,131 @@
+"""The measurement schema (MEASUREMENTS.md): read, validate and complete measurement files.
+
+One row per measured run or predicted layout. Readers name the row and column of every bad
+value; optional columns get their documented defaults; unknown columns are kept.
+
+    runs = read_measurements("runs.csv")          # validated DataFrame
+    runs = validate_measurements(frame, source="my frame")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.layout import ATTENTION_KERNELS, RECOMPUTE_KINDS
+
+INTEGER_COLUMNS = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+    "vocab_size", "seq_length", "num_gpus", "gpus_per_node", "tp", "pp", "dp",
+    "micro_batch_size", "global_batch_size",
+)
+BOOLEAN_COLUMNS = ("swiglu", "untie_embeddings", "sequence_parallel", "rmsnorm_kernel")
+TEXT_COLUMNS = ("model", "gpu", "attention", "recompute", "status")
+FLOAT_COLUMNS = ("step_time_s", "mfu")
+REQUIRED_COLUMNS = (
+    "model", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+    "num_query_groups", "vocab_size", "seq_length", "swiglu", "untie_embeddings", "gpu",
+    "num_gpus", "gpus_per_node", "tp", "pp", "dp", "micro_batch_size", "global_batch_size",
+    "sequence_parallel", "attention", "rmsnorm_kernel", "recompute", "status", "step_time_s",
+    "mfu",
+)
+OPTIONAL_DEFAULTS: dict[str, int | bool | str] = {
+    "cp": 1, "vp": 1, "distributed_optimizer": False, "normalization": "RMSNorm",
+}
+STATUSES = ("ok", "oom", "unavailable", "error", "timeout")
+_TRUE = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _fail(source: str, row: int, column: str, message: str) -> LayoutSearchError:
+    # Rows are numbered as a spreadsheet shows a CSV: the header is line 1, data from 2.
+    return LayoutSearchError(f"{source}: row {row + 2}, column {column!r}: {message}")
+
+
+def _as_bool(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
+    values = frame[column]
+    if values.dtype == bool:
+        return values
+    out = values.map(lambda v: _TRUE.get(str(v).strip().lower()) if not isinstance(v, bool) else v)
+    bad = out.isna()
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise _fail(source, i, column, f"{values.iloc[i]!r} is not a boolean (True/False/1/0)")
+    return out.astype(bool)
+
+
+def _as_int(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
+    numbers = pd.to_numeric(frame[column], errors="coerce")
+    bad = numbers.isna() | (numbers % 1 != 0) | (numbers <= 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise _fail(source, i, column, f"{frame[column].iloc[i]!r} is not a positive integer")
+    return numbers.astype(np.int64)
+
+
+def validate_measurements(frame: pd.DataFrame, source: str = "measurements") -> pd.DataFrame:
+    """A checked, typed copy of a measurement-schema frame with optional columns filled."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise LayoutSearchError(
+            f"{source}: missing required column(s) {', '.join(missing)} "
+            "(see the measurement schema, MEASUREMENTS.md)"
+        )
+    out = frame.copy().reset_index(drop=True)
+    for column, default in OPTIONAL_DEFAULTS.items():
+        filled = out[column].fillna(default) if column in out.columns else default
+        out[column] = filled
+    for column in (*INTEGER_COLUMNS, "cp", "vp"):
+        out[column] = _as_int(out, column, source)
+    for column in (*BOOLEAN_COLUMNS, "distributed_optimizer"):
+        out[column] = _as_bool(out, column, source)
+    for column in TEXT_COLUMNS:
+        out[column] = out[column].astype(str).str.strip()
+    for column in FLOAT_COLUMNS:
+        out[column] = pd.to_numeric(out[column], errors="coerce")
+    _check_values(out, source)
+    return out
+
+
+def _first(mask: pd.Series | np.ndarray) -> int:
+    return int(np.flatnonzero(np.asarray(mask))[0])
+
+
+def _check_values(t: pd.DataFrame, source: str) -> None:
+    checks: list[tuple[str, pd.Series, str]] = [
+        ("attention", ~t["attention"].isin(ATTENTION_KERNELS),
+         f"must be one of {', '.join(ATTENTION_KERNELS)}"),
+        ("recompute", ~t["recompute"].isin(RECOMPUTE_KINDS),
+         f"must be one of {', '.join(RECOMPUTE_KINDS)}"),
+        ("status", ~t["status"].isin(STATUSES), f"must be one of {', '.join(STATUSES)}"),
+        ("step_time_s", (t["status"] == "ok") & ~(t["step_time_s"] > 0),
+         "must be a positive number of seconds for a run with status ok"),
+        ("mfu", (t["status"] == "ok") & ~((t["mfu"] > 0) & (t["mfu"] <= 1)),
+         "must be in (0, 1] for a run with status ok"),
+    ]
+    for column, bad, rule in checks:
+        if bad.any():
+            i = _first(bad)
+            raise _fail(source, i, column, f"{t[column].iloc[i]!r} {rule}")
+    world = t["tp"] * t["pp"] * t["cp"] * t["dp"]
+    bad = world != t["num_gpus"]
+    if bad.any():
+        i = _first(bad)
+        r = t.iloc[i]
+        raise _fail(source, i, "dp",
+                    f"tp·pp·cp·dp = {r.tp}·{r.pp}·{r.cp}·{r.dp} = {world.iloc[i]} "
+                    f"does not equal num_gpus={r.num_gpus}")
+
+
+def read_measurements(path: str | Path) -> pd.DataFrame:
+    """Read and validate a measurement file (CSV, or Parquet by its suffix)."""
+    path = Path(path)
+    if not path.is_file():
+        raise LayoutSearchError(f"measurement file {str(path)!r} does not exist")
+    if path.suffix.lower() in (".parquet", ".pq"):
+        frame = pd.read_parquet(path)
+    else:
+        frame = pd.read_csv(path)
+    return validate_measurements(frame, source=str(path))

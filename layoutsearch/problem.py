@@ -1,0 +1,60 @@
+"""A search problem: the job, its candidate table with rule verdicts, and how to price rows.
+
+Drivers receive a `SearchProblem` and never see formulas; cost models price rows and never
+see drivers (DESIGN.md). `evaluate` sends only rule-passing rows to the cost model, so an
+expensive backend never launches a layout that cannot run.
+
+    problem = SearchProblem.build(job, space, cost_model, clusters)
+    scored = problem.evaluate(problem.feasible_candidates())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from layoutsearch.costs.base import PREDICTION_COLUMNS, CostModel
+from layoutsearch.rules import violations
+from layoutsearch.space import SearchSpace
+from layoutsearch.specs import ClusterSpec, Job
+
+
+@dataclass(frozen=True, slots=True)
+class SearchProblem:
+    job: Job
+    space: SearchSpace
+    candidates: pd.DataFrame
+    """Every layout of the space with a `rule_reason` column ("" where all rules pass)."""
+    cost_model: CostModel
+    clusters: Mapping[str, ClusterSpec]
+
+    @classmethod
+    def build(cls, job: Job, space: SearchSpace, cost_model: CostModel,
+              clusters: Mapping[str, ClusterSpec]) -> SearchProblem:
+        candidates = space.candidates(job)
+        candidates["rule_reason"] = violations(candidates, clusters)
+        return cls(job, space, candidates, cost_model, clusters)
+
+    def feasible_candidates(self) -> pd.DataFrame:
+        """Rows that pass every rule (memory is the cost model's call)."""
+        return self.candidates[self.candidates["rule_reason"] == ""]
+
+    def evaluate(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """`rows` with the cost model's columns; rule-breaking rows are not sent to it."""
+        passing = rows[rows["rule_reason"] == ""]
+        scored = self.cost_model.score(passing.drop(columns="rule_reason"), self.clusters)
+        missing = [c for c in PREDICTION_COLUMNS if c not in scored.columns]
+        if missing:
+            raise TypeError(
+                f"cost model {self.cost_model.name!r} returned no {', '.join(missing)}"
+            )
+        out = rows.join(scored, how="left")
+        out["fits"] = out["fits"].fillna(False).astype(bool) & (out["rule_reason"] == "")
+        cost_reason = out["cost_reason"].fillna("").astype(str)
+        out["reason"] = np.where(
+            out["rule_reason"] != "", out["rule_reason"], cost_reason
+        )
+        return out.drop(columns=["rule_reason", "cost_reason"])

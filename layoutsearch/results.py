@@ -1,0 +1,55 @@
+"""Ranking a scored candidate table, and saying why nothing fits when nothing does.
+
+    ranked = rank(scored)                 # feasible first, best MFU first
+    message = no_fit_message(ranked, job) # None when some layout fits
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.specs import Job
+
+RESULT_COLUMNS = (
+    *LAYOUT_COLUMNS, "mfu", "step_time_s", "tokens_per_s", "peak_memory_gib", "fits", "reason",
+)
+
+
+def rank(scored: pd.DataFrame) -> pd.DataFrame:
+    """Feasible rows first, each part by MFU (unpriced rows last); a fresh 0..n-1 index."""
+    order = scored.assign(
+        _feasible=scored["fits"].astype(bool), _mfu=scored["mfu"].fillna(-1.0)
+    )
+    order = order.sort_values(["_feasible", "_mfu"], ascending=[False, False], kind="stable")
+    first = [c for c in RESULT_COLUMNS if c in order.columns]
+    rest = [c for c in order.columns if c not in first and not c.startswith("_")]
+    return order[first + rest].reset_index(drop=True)
+
+
+def no_fit_message(ranked: pd.DataFrame, job: Job) -> str | None:
+    """One sentence on why no candidate is feasible and what to change; None if one is."""
+    if ranked["fits"].any():
+        return None
+    priced = ranked[ranked["peak_memory_gib"].notna()]
+    limit = job.cluster.gpu.memory_gib
+    if priced.empty:
+        reasons = ranked["reason"].value_counts().head(3)
+        listed = "; ".join(f"{reason} ({count} layouts)" for reason, count in reasons.items())
+        return f"no layout passes the rules: {listed}"
+    smallest = priced.iloc[int(priced["peak_memory_gib"].to_numpy().argmin())]
+    largest_model_parallel = int((priced["tp"] * priced["pp"] * priced["cp"]).max())
+    fixes = ["use more GPUs or GPUs with more memory"]
+    if not priced["distributed_optimizer"].all():
+        fixes.append("enable distributed_optimizer")
+    if set(priced["recompute"]) != {"full"}:
+        fixes.append("allow recompute=full")
+    if largest_model_parallel < job.num_gpus:
+        fixes.append("allow larger tp·pp")
+    return (
+        f"no layout fits: the smallest per-GPU footprint is "
+        f"{smallest['peak_memory_gib']:.1f} GiB > {limit:.1f} GiB at tp·pp·cp ≤ "
+        f"{largest_model_parallel} (tp={smallest['tp']} pp={smallest['pp']} "
+        f"mb={smallest['micro_batch_size']} recompute={smallest['recompute']}); "
+        + ", or ".join(fixes)
+    )

@@ -1,0 +1,158 @@
+"""Feasibility rules: which candidate layouts cannot run, each with a readable reason.
+
+Most rules are the ones Megatron-LM enforces in `megatron/training/arguments.py`
+(`validate_args`) and at model construction (DOMAIN.md §6); the others are kernel limits
+(Megatron's fused softmax `is_kernel_available`, FlashAttention's head-size limits and
+GPU requirements). Every rule works on a whole candidate table at once; an infeasible row
+stays in the result with its reasons, it is never an exception.
+
+    reasons = violations(table, clusters)   # "" where a row passes every rule
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from layoutsearch.specs import ClusterSpec
+
+Frame = pd.DataFrame
+
+
+def _text(column: pd.Series) -> pd.Series:
+    return column.astype(str)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One condition a layout must meet."""
+
+    name: str
+    violated: Callable[[Frame], np.ndarray]
+    """Boolean mask over the rows that break the rule."""
+    explain: Callable[[Frame], pd.Series]
+    """The reason for each row of a sub-table of violating rows."""
+
+
+def _head_dim(t: Frame) -> pd.Series:
+    return t["hidden_size"] // t["num_attention_heads"]
+
+
+def _num_micro_batches(t: Frame) -> pd.Series:
+    per_step = t["micro_batch_size"] * t["dp"].clip(lower=1)
+    return t["global_batch_size"] // per_step
+
+
+def _fused_softmax_unavailable(t: Frame) -> np.ndarray:
+    # Megatron's FusedScaleMaskSoftmax.is_kernel_available: 16 < sk <= 4096, sq and sk
+    # multiples of 4, and (micro-batch x heads per TP rank) a multiple of the kernel's
+    # batches per block, which is 4 for sk > 128 (scaled_upper_triang_masked_softmax.h).
+    s = t["seq_length"] // t["cp"]
+    attn_batches = t["micro_batch_size"] * (t["num_attention_heads"] // t["tp"])
+    ok = (s > 16) & (s <= 4096) & (s % 4 == 0) & (attn_batches % 4 == 0)
+    return ((t["attention"] == "fused") & ~ok).to_numpy()
+
+
+def _flash_head_dim_limit(t: Frame) -> pd.Series:
+    # FlashAttention 1 supports head dimensions up to 128, FlashAttention 2 and 3 up to 256.
+    return t["attention"].map({"flash1": 128, "flash2": 256, "flash3": 256}).fillna(np.inf)
+
+
+def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
+    """The rules, bound to the GPU facts they need (FlashAttention 3 needs Hopper)."""
+    hopper = {name for name, c in clusters.items() if c.gpu.supports_flash3}
+    return [
+        Rule(
+            "world_size",
+            lambda t: (t["num_gpus"] % (t["tp"] * t["pp"] * t["cp"]) != 0).to_numpy(),
+            lambda t: "tp·pp·cp (" + _text(t["tp"] * t["pp"] * t["cp"])
+            + ") must divide num_gpus (" + _text(t["num_gpus"]) + ")",
+        ),
+        Rule(
+            "global_batch",
+            lambda t: ((t["dp"] > 0) & (t["global_batch_size"]
+                       % (t["micro_batch_size"] * t["dp"].clip(lower=1)) != 0)).to_numpy(),
+            lambda t: "global_batch_size (" + _text(t["global_batch_size"])
+            + ") must divide by micro_batch_size·dp (" + _text(t["micro_batch_size"]) + "·"
+            + _text(t["dp"]) + ")",
+        ),
+        Rule(
+            "layers_per_stage",
+            lambda t: (t["num_layers"] % (t["pp"] * t["vp"]) != 0).to_numpy(),
+            lambda t: "num_layers (" + _text(t["num_layers"]) + ") must divide by pp·vp ("
+            + _text(t["pp"] * t["vp"]) + ")",
+        ),
+        Rule(
+            "heads_per_tp",
+            lambda t: (t["num_attention_heads"] % t["tp"] != 0).to_numpy(),
+            lambda t: "num_attention_heads (" + _text(t["num_attention_heads"])
+            + ") must divide by tp (" + _text(t["tp"]) + ")",
+        ),
+        Rule(
+            "query_groups_per_tp",
+            lambda t: ((t["num_attention_heads"] % t["tp"] == 0)
+                       & (t["num_query_groups"] % t["tp"] != 0)).to_numpy(),
+            lambda t: "num_query_groups (" + _text(t["num_query_groups"])
+            + ") must divide by tp (" + _text(t["tp"]) + ")",
+        ),
+        Rule(
+            "context_parallel_chunks",
+            lambda t: ((t["cp"] > 1) & (t["seq_length"] % (2 * t["cp"]) != 0)).to_numpy(),
+            lambda t: "seq_length (" + _text(t["seq_length"]) + ") must divide by 2·cp ("
+            + _text(2 * t["cp"]) + ") for load-balanced causal context parallelism",
+        ),
+        Rule(
+            "interleaving_needs_pipeline",
+            lambda t: ((t["vp"] > 1) & (t["pp"] == 1)).to_numpy(),
+            lambda t: "vp (" + _text(t["vp"]) + ") > 1 needs pp > 1",
+        ),
+        Rule(
+            "interleaving_micro_batches",
+            lambda t: ((t["vp"] > 1) & (t["pp"] > 1) & (t["dp"] > 0)
+                       & (_num_micro_batches(t) % t["pp"] != 0)).to_numpy(),
+            lambda t: "interleaving needs micro-batches per step (" + _text(_num_micro_batches(t))
+            + ") to divide by pp (" + _text(t["pp"]) + ")",
+        ),
+        Rule(
+            "fused_softmax_shape",
+            _fused_softmax_unavailable,
+            lambda t: "fused softmax kernel unavailable: needs 16 < seq_length/cp ("
+            + _text(t["seq_length"] // t["cp"]) + ") <= 4096 and micro_batch_size·heads/tp ("
+            + _text(t["micro_batch_size"] * (t["num_attention_heads"] // t["tp"]))
+            + ") divisible by 4",
+        ),
+        Rule(
+            "flash_head_dim",
+            lambda t: (_head_dim(t) > _flash_head_dim_limit(t)).to_numpy(),
+            lambda t: _text(t["attention"]) + " supports head dimensions up to "
+            + _flash_head_dim_limit(t).astype(int).astype(str) + ", the model has "
+            + _text(_head_dim(t)),
+        ),
+        Rule(
+            "flash3_needs_hopper",
+            lambda t: ((t["attention"] == "flash3") & ~t["gpu"].isin(hopper)).to_numpy(),
+            lambda t: "flash3 needs a Hopper GPU (h100_sxm, h200), not " + _text(t["gpu"]),
+        ),
+        Rule(
+            "rmsnorm_kernel_needs_rmsnorm",
+            lambda t: (t["rmsnorm_kernel"] & (t["normalization"] != "RMSNorm")).to_numpy(),
+            lambda t: "the fused RMSNorm kernel needs normalization RMSNorm, the model uses "
+            + _text(t["normalization"]),
+        ),
+    ]
+
+
+def violations(table: Frame, clusters: Mapping[str, ClusterSpec]) -> pd.Series:
+    """Per row, the reasons it breaks rules joined by '; ' ("" where it breaks none)."""
+    reasons = pd.Series("", index=table.index, dtype=object)
+    for rule in build_rules(clusters):
+        mask = rule.violated(table)
+        if not mask.any():
+            continue
+        explained = rule.explain(table.loc[mask]).astype(str)
+        current = reasons.loc[mask]
+        reasons.loc[mask] = np.where(current == "", explained, current + "; " + explained)
+    return reasons

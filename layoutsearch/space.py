@@ -1,0 +1,145 @@
+"""The search space: the values of each knob, and the candidate table they span.
+
+A space is a YAML file of the Hydra group `search_spaces/` (one list per knob of
+`layout.LAYOUT_COLUMNS`, dp excepted: it follows from the GPU count). Enumeration is one
+vectorized cartesian product; the job's columns are broadcast onto every row so that a
+cost model prices a table that carries everything it needs.
+
+    space = SearchSpace.load("paper").pin(tp=2)
+    table = space.candidates(job)  # one row per layout, job columns included
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from layoutsearch.errors import LayoutSearchError, unknown_name_message
+from layoutsearch.layout import ATTENTION_KERNELS, RECOMPUTE_KINDS
+from layoutsearch.paths import config_dir
+from layoutsearch.specs import Job
+
+INTEGER_KNOBS = ("tp", "pp", "cp", "vp", "micro_batch_size")
+BOOLEAN_KNOBS = ("sequence_parallel", "rmsnorm_kernel", "distributed_optimizer")
+CHOICE_KNOBS: dict[str, tuple[str, ...]] = {
+    "attention": ATTENTION_KERNELS,
+    "recompute": RECOMPUTE_KINDS,
+}
+KNOBS = INTEGER_KNOBS + BOOLEAN_KNOBS + tuple(CHOICE_KNOBS)
+
+
+def space_names() -> list[str]:
+    return sorted(p.stem for p in config_dir("search_spaces").glob("*.yaml"))
+
+
+def _as_list(knob: str, values: Any) -> list[Any]:
+    if isinstance(values, str | int | bool) or values is None:
+        values = [values]
+    values = list(values)
+    if not values:
+        raise LayoutSearchError(f"search space {knob}: needs at least one value")
+    if knob in INTEGER_KNOBS:
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise LayoutSearchError(f"search space {knob}={v!r}: must be a positive integer")
+    elif knob in BOOLEAN_KNOBS:
+        for v in values:
+            if not isinstance(v, bool):
+                raise LayoutSearchError(f"search space {knob}={v!r}: must be true or false")
+    else:
+        valid = CHOICE_KNOBS[knob]
+        for v in values:
+            if v not in valid:
+                raise LayoutSearchError(unknown_name_message(knob, str(v), valid))
+    return list(dict.fromkeys(values))  # drop repeats, keep order
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchSpace:
+    """The values each knob may take; the candidates are their cartesian product."""
+
+    name: str = "custom"
+    tp: Sequence[int] = (1, 2, 4, 8)
+    pp: Sequence[int] = (1, 2, 4, 8, 16)
+    cp: Sequence[int] = (1,)
+    vp: Sequence[int] = (1,)
+    micro_batch_size: Sequence[int] = (1, 2, 4, 8)
+    sequence_parallel: Sequence[bool] = (False, True)
+    attention: Sequence[str] = ("torch", "fused", "flash1", "flash2")
+    rmsnorm_kernel: Sequence[bool] = (False, True)
+    recompute: Sequence[str] = ("none", "full")
+    distributed_optimizer: Sequence[bool] = (True,)
+
+    @classmethod
+    def from_dict(cls, fields: Mapping[str, Any], name: str = "custom") -> SearchSpace:
+        values: dict[str, Any] = {}
+        for knob, raw in fields.items():
+            if knob in ("name", "_target_"):
+                continue
+            if knob not in KNOBS:
+                raise LayoutSearchError(
+                    f"search space {name!r} has unknown knob {knob!r}; knobs: {', '.join(KNOBS)}"
+                    + ("; dp follows from num_gpus / (tp·pp·cp)" if knob == "dp" else "")
+                )
+            values[knob] = tuple(_as_list(knob, raw))
+        return cls(name=str(fields.get("name", name)), **values)
+
+    @classmethod
+    def load(cls, name: str) -> SearchSpace:
+        """A space of the `search_spaces/` config group by name."""
+        path = config_dir("search_spaces") / f"{name}.yaml"
+        if not path.is_file():
+            raise LayoutSearchError(unknown_name_message("search space", name, space_names()))
+        with path.open() as handle:
+            return cls.from_dict(yaml.safe_load(handle) or {}, name=name)
+
+    def pin(self, **knobs: Any) -> SearchSpace:
+        """The same space with some knobs restricted (`tp=2`, `attention=["flash2"]`)."""
+        for knob in knobs:
+            if knob not in KNOBS:
+                raise LayoutSearchError(
+                    f"cannot pin {knob!r}: not a knob of the search space; "
+                    f"knobs: {', '.join(KNOBS)}"
+                )
+        pinned: dict[str, Any] = {k: tuple(_as_list(k, v)) for k, v in knobs.items()}
+        return dataclasses.replace(self, **pinned)
+
+    def axes(self) -> dict[str, tuple[Any, ...]]:
+        return {knob: tuple(getattr(self, knob)) for knob in KNOBS}
+
+    def size(self) -> int:
+        return int(np.prod([len(v) for v in self.axes().values()]))
+
+    def candidates(self, job: Job) -> pd.DataFrame:
+        """Every layout of the space for `job`, one row each, job columns broadcast.
+
+        dp is derived (0 where tp·pp·cp does not divide the GPUs; the rules reject those).
+        Sequence parallelism at tp = 1 is a no-op in Megatron-LM, so such twins are left out.
+        """
+        axes = self.axes()
+        grids = np.meshgrid(*[np.arange(len(v)) for v in axes.values()], indexing="ij")
+        columns: dict[str, Any] = {}
+        for (knob, values), index in zip(axes.items(), grids, strict=True):
+            flat = index.ravel()
+            if knob in CHOICE_KNOBS:
+                columns[knob] = pd.Categorical.from_codes(
+                    flat.astype(np.int64), categories=pd.Index(list(values))
+                )
+            else:
+                columns[knob] = np.asarray(values)[flat]
+        table = pd.DataFrame(columns)
+        table = table[~(table["sequence_parallel"] & (table["tp"] == 1))]
+        model_parallel = table["tp"] * table["pp"] * table["cp"]
+        dp = np.where(job.num_gpus % model_parallel == 0, job.num_gpus // model_parallel, 0)
+        table.insert(2, "dp", dp.astype(np.int64))
+        for knob in CHOICE_KNOBS:  # plain strings: users compare and write them
+            table[knob] = table[knob].astype(str)
+        for column, value in job.columns().items():
+            table[column] = value
+        return table.reset_index(drop=True)

@@ -1,0 +1,259 @@
+"""What is trained (`ModelSpec`), where (`ClusterSpec`), and the job that ties them (`Job`).
+
+Specs are frozen, keyword-only dataclasses validated on construction, so a bad size is
+reported once, by field name, before any search starts.
+
+    model = ModelSpec(name="tiny", num_layers=2, hidden_size=256, ffn_hidden_size=688,
+                      num_attention_heads=4, vocab_size=32000)
+    model.num_parameters()  # exact count, embeddings included
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from layoutsearch.errors import LayoutSearchError
+
+NORMALIZATIONS = ("RMSNorm", "LayerNorm")
+POSITION_EMBEDDINGS = ("rope", "learned_absolute")
+
+
+def _require_positive_int(owner: str, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise LayoutSearchError(
+            f"{owner}.{name}={value!r}: must be a positive integer"
+        )
+
+
+def _require_positive_number(owner: str, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise LayoutSearchError(f"{owner}.{name}={value!r}: must be a positive number")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSpec:
+    """A decoder-only transformer, in Megatron-LM's argument names."""
+
+    name: str
+    """A label for reports and measurement files (free text, e.g. `llama_13b`)."""
+    num_layers: int
+    """Transformer blocks L."""
+    hidden_size: int
+    """Model width h."""
+    ffn_hidden_size: int
+    """Inner width of the MLP."""
+    num_attention_heads: int
+    """Query heads a; `hidden_size` must divide by it."""
+    num_query_groups: int | None = None
+    """Key/value heads for grouped-query attention; None means one per query head."""
+    vocab_size: int
+    """Vocabulary size V (before Megatron pads it to a multiple of 128·tp)."""
+    swiglu: bool = True
+    """Gated MLP with three weight matrices (LLaMA) instead of two (GPT)."""
+    untie_embeddings: bool = True
+    """Separate input embedding and output projection matrices."""
+    normalization: str = "RMSNorm"
+    """`RMSNorm` (LLaMA) or `LayerNorm` (GPT); the fused RMSNorm kernel needs RMSNorm."""
+    add_bias_linear: bool = False
+    """Biases on the linear layers (GPT-3 has them, LLaMA does not)."""
+    position_embedding_type: str = "rope"
+    """`rope` (no parameters) or `learned_absolute` (a max_position_embeddings × h table)."""
+    max_position_embeddings: int = 2048
+    """Rows of the learned position table; unused with rope."""
+
+    def __post_init__(self) -> None:
+        owner = f"model {self.name!r}"
+        for name in ("num_layers", "hidden_size", "ffn_hidden_size",
+                     "num_attention_heads", "vocab_size", "max_position_embeddings"):
+            _require_positive_int(owner, name, getattr(self, name))
+        if self.num_query_groups is not None:
+            _require_positive_int(owner, "num_query_groups", self.num_query_groups)
+        if self.hidden_size % self.num_attention_heads:
+            raise LayoutSearchError(
+                f"{owner}: hidden_size ({self.hidden_size}) must divide by "
+                f"num_attention_heads ({self.num_attention_heads})"
+            )
+        if self.num_attention_heads % self.query_groups:
+            raise LayoutSearchError(
+                f"{owner}: num_attention_heads ({self.num_attention_heads}) must divide "
+                f"by num_query_groups ({self.query_groups})"
+            )
+        if self.normalization not in NORMALIZATIONS:
+            raise LayoutSearchError(
+                f"{owner}.normalization={self.normalization!r}: must be one of "
+                f"{', '.join(NORMALIZATIONS)}"
+            )
+        if self.position_embedding_type not in POSITION_EMBEDDINGS:
+            raise LayoutSearchError(
+                f"{owner}.position_embedding_type={self.position_embedding_type!r}: "
+                f"must be one of {', '.join(POSITION_EMBEDDINGS)}"
+            )
+
+    @property
+    def query_groups(self) -> int:
+        """Key/value heads (equal to the query heads without GQA)."""
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def layer_parameters(self) -> int:
+        """Parameters of one transformer block."""
+        h, f = self.hidden_size, self.ffn_hidden_size
+        kv = 2 * h * self.query_groups * self.head_dim  # K and V projections
+        attention = 2 * h * h + kv  # Q and output projections are h x h
+        mlp = (3 if self.swiglu else 2) * h * f
+        norm_weights = 2 * h if self.normalization == "RMSNorm" else 4 * h
+        biases = 0
+        if self.add_bias_linear:
+            biases = (h + 2 * self.query_groups * self.head_dim) + h
+            biases += (2 if self.swiglu else 1) * f + h
+        return attention + mlp + norm_weights + biases
+
+    def embedding_parameters(self) -> int:
+        """Input embedding, output projection when untied, learned positions."""
+        h, v = self.hidden_size, self.vocab_size
+        count = v * h * (2 if self.untie_embeddings else 1)
+        if self.position_embedding_type == "learned_absolute":
+            count += self.max_position_embeddings * h
+        return count
+
+    def num_parameters(self) -> int:
+        """All parameters, embeddings included (the study's N)."""
+        final_norm = self.hidden_size * (1 if self.normalization == "RMSNorm" else 2)
+        return self.num_layers * self.layer_parameters() + self.embedding_parameters() + final_norm
+
+    def paper_flops_per_token(self, seq_length: int) -> float:
+        """Model FLOPs per trained token, forward and backward: 6N + 12·L·h·s.
+
+        Hagemann et al. 2023 after PaLM (Chowdhery et al. 2022, appendix B); this is the
+        numerator of the study's MFU. Recomputation is not counted (that would be HFU).
+        """
+        return 6.0 * self.num_parameters() + 12.0 * self.num_layers * self.hidden_size * seq_length
+
+    def megatron_flops_per_token(self, seq_length: int, *, causal_halving: bool = True) -> float:
+        """Megatron-LM's `num_floating_point_operations` divided by the tokens of the batch.
+
+        Per matmul, GQA- and SwiGLU-aware, logits included. Megatron core ≥ 0.12 halves the
+        causal attention term (`causal_halving=True`); older Megatron and NeMo do not.
+        Biases, norms and embeddings lookups are not counted.
+        """
+        h, a = self.hidden_size, self.num_attention_heads
+        query_ratio = a * self.head_dim / h
+        attention_scores = seq_length / h * (0.5 if causal_halving else 1.0)
+        attention = (1 + self.query_groups / a + attention_scores) * query_ratio
+        mlp = self.ffn_hidden_size / h * (1.5 if self.swiglu else 1.0)
+        # 12 = 3 GEMMs per weight (forward, wgrad, dgrad) x 2 matrices of that size x 2 FLOPs.
+        blocks = 12.0 * self.num_layers * h * h * (attention + mlp)
+        logits = 6.0 * h * self.vocab_size
+        return blocks + logits
+
+    def replace(self, **changes: Any) -> ModelSpec:
+        """A copy with some fields changed, validated like a new spec."""
+        valid = {f.name for f in dataclasses.fields(self)}
+        for key in changes:
+            if key not in valid:
+                raise LayoutSearchError(
+                    f"model has no field {key!r}; fields: {', '.join(sorted(valid))}"
+                )
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GPUSpec:
+    """One accelerator kind, from its datasheet."""
+
+    name: str
+    """Catalog name, also the `gpu` column of measurement files (e.g. `a100_80gb`)."""
+    peak_tflops: float
+    """Dense bf16 matrix peak, TFLOP/s (A100: 312; H100/H200 SXM: 989)."""
+    memory_gib: float
+    """Device memory as the driver reports it, GiB (A100 80GB: 81920 MiB = 80 GiB)."""
+    memory_bandwidth_gbps: float
+    """HBM bandwidth, GB/s (A100 80GB: 2039)."""
+    supports_flash3: bool = False
+    """FlashAttention 3 needs Hopper (sm90) instructions."""
+
+    def __post_init__(self) -> None:
+        owner = f"gpu {self.name!r}"
+        for name in ("peak_tflops", "memory_gib", "memory_bandwidth_gbps"):
+            _require_positive_number(owner, name, getattr(self, name))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterSpec:
+    """Nodes of identical GPUs: a GPU kind plus the links between GPUs."""
+
+    name: str
+    """Catalog name (e.g. `a100_80gb`)."""
+    gpu: GPUSpec
+    gpus_per_node: int = 8
+    """GPUs that share one NVLink/NVSwitch domain."""
+    intra_node_bandwidth_gbps: float
+    """NVLink bandwidth per GPU and direction, GB/s (A100: 300; H100: 450)."""
+    inter_node_bandwidth_gbps: float
+    """Network bandwidth per GPU and direction, GB/s (one 200 Gb/s HDR NIC per GPU: 25)."""
+
+    def __post_init__(self) -> None:
+        owner = f"cluster {self.name!r}"
+        _require_positive_int(owner, "gpus_per_node", self.gpus_per_node)
+        for name in ("intra_node_bandwidth_gbps", "inter_node_bandwidth_gbps"):
+            _require_positive_number(owner, name, getattr(self, name))
+
+    def replace(self, **changes: Any) -> ClusterSpec:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Job:
+    """One training run to plan: a model on some GPUs of a cluster with a fixed batch."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    num_gpus: int
+    """World size."""
+    seq_length: int
+    """Tokens per sequence s."""
+    global_batch_size: int
+    """Sequences per optimizer step."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_gpus", "seq_length", "global_batch_size"):
+            _require_positive_int("job", name, getattr(self, name))
+        per_node = self.cluster.gpus_per_node
+        if self.num_gpus > per_node and self.num_gpus % per_node:
+            nodes = self.num_gpus // per_node
+            raise LayoutSearchError(
+                f"job.num_gpus={self.num_gpus}: must be a whole number of nodes of "
+                f"{per_node} GPUs (cluster.gpus_per_node); try {nodes * per_node} or "
+                f"{(nodes + 1) * per_node}"
+            )
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_length * self.global_batch_size
+
+    def columns(self) -> dict[str, Any]:
+        """The job as measurement-schema columns (MEASUREMENTS.md), one value each."""
+        m = self.model
+        return {
+            "model": m.name,
+            "num_layers": m.num_layers,
+            "hidden_size": m.hidden_size,
+            "ffn_hidden_size": m.ffn_hidden_size,
+            "num_attention_heads": m.num_attention_heads,
+            "num_query_groups": m.query_groups,
+            "vocab_size": m.vocab_size,
+            "seq_length": self.seq_length,
+            "swiglu": m.swiglu,
+            "untie_embeddings": m.untie_embeddings,
+            "normalization": m.normalization,
+            "gpu": self.cluster.gpu.name,
+            "num_gpus": self.num_gpus,
+            "gpus_per_node": self.cluster.gpus_per_node,
+            "global_batch_size": self.global_batch_size,
+        }
+
