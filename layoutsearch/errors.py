@@ -20,5 +20,5 @@ def unknown_name_message(kind: str, name: str, valid: Iterable[str]) -> str:
     """'unknown model 'llama13b'; did you mean 'llama_13b'? valid: ...'."""
     choices = sorted(valid)
     close = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown {kind} {name!r}{hint} valid {kind} names: {', '.join(choices)}"
+    hint = f" did you mean {close[0]!r}?" if close else ""
+    return f"unknown {kind} {name!r};{hint} valid {kind} names: {', '.join(choices)}"

@@ -11,8 +11,9 @@ reported once, by field name, before any search starts.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from layoutsearch.errors import LayoutSearchError
 
@@ -21,15 +22,29 @@ POSITION_EMBEDDINGS = ("rope", "learned_absolute")
 
 
 def _require_positive_int(owner: str, name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    # numbers.Integral also admits numpy integers, e.g. a value taken from a DataFrame.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise LayoutSearchError(
             f"{owner}.{name}={value!r}: must be a positive integer"
         )
 
 
 def _require_positive_number(owner: str, name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) > 0:
         raise LayoutSearchError(f"{owner}.{name}={value!r}: must be a positive number")
+
+
+Spec = TypeVar("Spec", "ModelSpec", "ClusterSpec")
+
+
+def _replace(spec: Spec, kind: str, changes: dict[str, Any]) -> Spec:
+    valid = {f.name for f in dataclasses.fields(spec)}
+    for key in changes:
+        if key not in valid:
+            raise LayoutSearchError(
+                f"{kind} has no field {key!r}; fields: {', '.join(sorted(valid))}"
+            )
+    return dataclasses.replace(spec, **changes)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -153,13 +168,7 @@ class ModelSpec:
 
     def replace(self, **changes: Any) -> ModelSpec:
         """A copy with some fields changed, validated like a new spec."""
-        valid = {f.name for f in dataclasses.fields(self)}
-        for key in changes:
-            if key not in valid:
-                raise LayoutSearchError(
-                    f"model has no field {key!r}; fields: {', '.join(sorted(valid))}"
-                )
-        return dataclasses.replace(self, **changes)
+        return _replace(self, "model", changes)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -204,7 +213,8 @@ class ClusterSpec:
             _require_positive_number(owner, name, getattr(self, name))
 
     def replace(self, **changes: Any) -> ClusterSpec:
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields changed, validated like a new spec."""
+        return _replace(self, "cluster", changes)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,0 +1,47 @@
+"""Shared fixtures: one valid measurement-schema row, and one-row candidate tables."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from layoutsearch.catalog import load_cluster, load_model
+from layoutsearch.layout import Layout
+from layoutsearch.specs import Job
+
+
+@pytest.fixture
+def measurement_row() -> dict[str, Any]:
+    """A valid measurement-schema row: LLaMA 13B, 2k tokens, 64 A100s, tp2 pp1 dp32."""
+    return {
+        "model": "llama_13b", "num_layers": 40, "hidden_size": 5120, "ffn_hidden_size": 13824,
+        "num_attention_heads": 40, "num_query_groups": 40, "vocab_size": 32000,
+        "seq_length": 2048, "swiglu": True, "untie_embeddings": True, "gpu": "a100_80gb",
+        "num_gpus": 64, "gpus_per_node": 8, "tp": 2, "pp": 1, "dp": 32,
+        "micro_batch_size": 1, "global_batch_size": 2048, "sequence_parallel": False,
+        "attention": "flash2", "rmsnorm_kernel": True, "recompute": "none", "status": "ok",
+        "step_time_s": 30.0, "mfu": 0.6,
+    }
+
+
+CandidateFactory = Callable[..., pd.DataFrame]
+
+
+@pytest.fixture
+def candidate() -> CandidateFactory:
+    """`candidate("llama_30b", tp=8, num_gpus=64)`: a one-row candidate table as the
+    search space builds it (job columns + layout columns; dp derived unless given)."""
+
+    def build(model: str, *, cluster: str = "a100_80gb", num_gpus: int = 64,
+              seq_length: int = 2048, global_batch_size: int = 2048,
+              **knobs: Any) -> pd.DataFrame:
+        job = Job(model=load_model(model), cluster=load_cluster(cluster), num_gpus=num_gpus,
+                  seq_length=seq_length, global_batch_size=global_batch_size)
+        tp, pp, cp = knobs.get("tp", 1), knobs.get("pp", 1), knobs.get("cp", 1)
+        knobs.setdefault("dp", max(num_gpus // (tp * pp * cp), 1))
+        return pd.DataFrame([{**job.columns(), **Layout(**knobs).to_dict()}])
+
+    return build

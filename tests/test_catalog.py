@@ -1,0 +1,76 @@
+"""The built-in catalog: every entry loads, names are checked, fields can be overridden."""
+
+from __future__ import annotations
+
+import pytest
+
+from layoutsearch.catalog import (
+    cluster_from_dict,
+    cluster_names,
+    clusters_by_gpu,
+    load_cluster,
+    load_model,
+    model_from_dict,
+    model_names,
+)
+from layoutsearch.errors import LayoutSearchError
+
+
+def test_every_catalog_entry_loads() -> None:
+    assert {"llama_13b", "llama_30b", "llama_65b", "llama3_8b", "gpt3_175b"} <= set(model_names())
+    assert {"a100_80gb", "h100_sxm"} <= set(cluster_names())
+    for name in model_names():
+        assert load_model(name).name == name
+    for name in cluster_names():
+        assert load_cluster(name).name == name
+
+
+def test_published_dimensions() -> None:
+    llama30 = load_model("llama_30b")
+    assert (llama30.num_layers, llama30.hidden_size, llama30.num_attention_heads) == (60, 6656, 52)
+    assert load_model("llama3_8b").query_groups == 8
+    a100 = load_cluster("a100_80gb")
+    assert (a100.gpu.peak_tflops, a100.gpu.memory_gib, a100.gpus_per_node) == (312, 80, 8)
+    assert load_cluster("h100_sxm").gpu.supports_flash3
+    assert not a100.gpu.supports_flash3
+    assert clusters_by_gpu()["a100_80gb"] == a100
+
+
+def test_unknown_names_list_valid_names_and_the_closest() -> None:
+    with pytest.raises(LayoutSearchError) as error:
+        load_model("llama13b")
+    message = str(error.value)
+    assert "unknown model 'llama13b'; did you mean 'llama_13b'?" in message
+    assert "llama3_8b" in message and "gpt3_175b" in message
+    with pytest.raises(LayoutSearchError, match=r"unknown cluster 'a100'; did you mean 'a100_"):
+        load_cluster("a100")
+    with pytest.raises(LayoutSearchError, match=r"unknown cluster 'tpu'; valid cluster names: "):
+        load_cluster("tpu")
+
+
+def test_overrides_change_fields_and_are_validated() -> None:
+    assert load_model("llama_13b", vocab_size=128000).vocab_size == 128000
+    assert load_model("llama_13b").vocab_size == 32000  # the cached YAML is not mutated
+    with pytest.raises(LayoutSearchError, match=r"no field 'vocab'"):
+        load_model("llama_13b", vocab="x")
+    assert load_cluster("a100_80gb", gpus_per_node=4).gpus_per_node == 4
+
+
+def test_definitions_from_dicts_name_their_mistakes() -> None:
+    with pytest.raises(LayoutSearchError, match=r"model definition .*'layers'"):
+        model_from_dict({"name": "m", "layers": 2})
+    with pytest.raises(LayoutSearchError, match=r"needs a 'gpu' mapping"):
+        cluster_from_dict({"name": "c", "intra_node_bandwidth_gbps": 1,
+                           "inter_node_bandwidth_gbps": 1})
+    with pytest.raises(LayoutSearchError, match=r"peak_tflops=0"):
+        cluster_from_dict({"name": "c", "intra_node_bandwidth_gbps": 1,
+                           "inter_node_bandwidth_gbps": 1,
+                           "gpu": {"name": "g", "peak_tflops": 0, "memory_gib": 1,
+                                   "memory_bandwidth_gbps": 1}})
+
+
+def test_cluster_override_of_an_unknown_field_is_named() -> None:
+    with pytest.raises(LayoutSearchError, match=r"cluster has no field 'gpus'.*gpus_per_node"):
+        load_cluster("a100_80gb", gpus=4)
+    with pytest.raises(LayoutSearchError, match=r"gpus_per_node=0"):
+        load_cluster("a100_80gb", gpus_per_node=0)
