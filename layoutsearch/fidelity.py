@@ -9,7 +9,7 @@ effective layout (sequence parallelism at tp = 1 is a no-op) are averaged first.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
@@ -84,7 +84,7 @@ def fidelity(predicted: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
     records = []
     for key, group in collapsed.groupby(list(GROUP_COLUMNS), observed=True):
         result = group_fidelity(group)
-        records.append({**dict(zip(GROUP_COLUMNS, key, strict=True)), **result.__dict__})
+        records.append({**dict(zip(GROUP_COLUMNS, key, strict=True)), **asdict(result)})
     table = pd.DataFrame(records)
     ok = collapsed[collapsed["status"] == "ok"]
     ran = collapsed["status"] == "ok"

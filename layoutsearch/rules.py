@@ -80,10 +80,18 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
             + _text(t["dp"]) + ")",
         ),
         Rule(
+            # Uneven stages are allowed (Megatron-LM: --decoder-first/last-pipeline-num-layers;
+            # the study ran 60 layers on 8 and 16 stages); each stage needs a layer.
             "layers_per_stage",
-            lambda t: (t["num_layers"] % (t["pp"] * t["vp"]) != 0).to_numpy(),
-            lambda t: "num_layers (" + _text(t["num_layers"]) + ") must divide by pp·vp ("
+            lambda t: (t["num_layers"] < t["pp"] * t["vp"]).to_numpy(),
+            lambda t: "num_layers (" + _text(t["num_layers"]) + ") must be at least pp·vp ("
             + _text(t["pp"] * t["vp"]) + ")",
+        ),
+        Rule(
+            "interleaving_even_stages",
+            lambda t: ((t["vp"] > 1) & (t["num_layers"] % (t["pp"] * t["vp"]) != 0)).to_numpy(),
+            lambda t: "interleaving needs num_layers (" + _text(t["num_layers"])
+            + ") to divide by pp·vp (" + _text(t["pp"] * t["vp"]) + ")",
         ),
         Rule(
             "heads_per_tp",

@@ -45,7 +45,14 @@ class AnalyticConstants:
     gradient_bytes: float
     """Bytes per gradient value kept per parameter (2 = bf16, 4 = fp32 main grads)."""
     memory_overhead_gib: float
-    """CUDA context, NCCL buffers, workspaces and allocator fragmentation per GPU, GiB."""
+    """CUDA context, NCCL buffers and workspaces per GPU, GiB."""
+    activation_memory_factor: float
+    """Activation memory kept / the tensors counted in memory.py (extra copies, fragmentation)."""
+    logit_bytes: float
+    """Bytes per logit value alive at the loss (bf16 logits, fp32 copies, softmax, gradient)."""
+    logits_sharded_by_tp: float
+    """1 if the loss keeps only its vocabulary shard per TP rank (Megatron's vocab-parallel
+    cross entropy), 0 if every rank holds the whole vocabulary's logits."""
 
     @classmethod
     def from_dict(cls, fields: Mapping[str, Any], where: str) -> AnalyticConstants:

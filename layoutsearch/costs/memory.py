@@ -34,10 +34,6 @@ SCORE_BYTES = {"torch": 6.0, "fused": 2.0, "flash1": 0.0, "flash2": 0.0, "flash3
 # and the bf16 normalized value multiplied by the weight (2).
 NORM_BYTES_FUSED, NORM_BYTES_UNFUSED = 2.0, 6.0
 
-# Values per logit kept around the loss: the bf16 logits and the fp32 copy that Megatron's
-# vocab-parallel cross entropy turns into the softmax it keeps for backward coexist.
-LOGIT_BYTES = 6.0
-
 # Bytes per parameter of the fp32 optimizer state: master weights, Adam's two moments.
 OPTIMIZER_BYTES = 12.0
 WEIGHT_BYTES = 2.0
@@ -84,12 +80,20 @@ def memory_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     # (Narayanan et al. 2021); interleaving adds (pp-1)/(pp·vp) of that (Korthikanti §4.2.3).
     in_flight = np.minimum(sh.pp, sh.micro_batches)
     interleave = np.where(sh.vp > 1, 1 + (sh.pp - 1) / (sh.pp * sh.vp), 1.0)
+    # The tensors counted above are a floor: unfused kernels keep extra copies and the
+    # caching allocator fragments (calibrated `activation_memory_factor`).
+    kept = kept * k["activation_memory_factor"]
+    layer_input = layer_input * k["activation_memory_factor"]
     stored_per_layer = np.where(full, layer_input, kept)
     # With full recomputation one layer's whole working set is rebuilt during its backward.
     working_layer = np.where(full, kept, 0.0)
     first_stage = sh.layers_per_stage * in_flight * interleave * stored_per_layer + working_layer
     last_stage = sh.layers_per_stage * stored_per_layer + working_layer
-    logits = LOGIT_BYTES * sh.tokens * sh.vocab / sh.tp
+    # Logits at the loss: bf16 output, fp32 upcast, softmax and gradient coexist
+    # (`logit_bytes` per value). Megatron's vocabulary-parallel cross entropy keeps 1/tp of the
+    # vocabulary per rank; a loss over gathered logits (`logits_sharded_by_tp` = 0) keeps all.
+    vocab_share = np.where(k["logits_sharded_by_tp"] > 0, 1.0 / sh.tp, 1.0)
+    logits = k["logit_bytes"] * sh.tokens * sh.vocab * vocab_share
     single_stage = sh.pp == 1
     # The peak is on the first stage (most micro-batches in flight) or the last (logits).
     use_last = single_stage | (last_stage + logits > first_stage)

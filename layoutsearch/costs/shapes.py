@@ -95,6 +95,7 @@ class Shapes:
     micro_batches: Array
     """Micro-batches per pipeline per optimizer step."""
     layers_per_stage: Array
+    """Layers on the heaviest pipeline stage: ceil(num_layers / pp)."""
     params_per_gpu: Array
     """Parameters on one GPU of the most loaded stage (its layers' and embedding shards)."""
 
@@ -121,7 +122,8 @@ class Shapes:
         mb = _floats(table, "micro_batch_size")
         seq = _floats(table, "seq_length")
         global_batch = _floats(table, "global_batch_size")
-        layers_per_stage = L / pp
+        # Stages may be uneven (ceil/floor); the heaviest stage sets memory and pace.
+        layers_per_stage = np.ceil(L / pp)
         # Each end stage holds one vocabulary matrix (input embedding or output layer); with a
         # single stage an untied model holds both. Megatron keeps a copy of a tied embedding
         # on the last stage, so pp > 1 holds one matrix per end stage either way.
