@@ -76,6 +76,11 @@ class SearchSpace:
     recompute: Sequence[str] = ("none", "full")
     distributed_optimizer: Sequence[bool] = (True,)
 
+    def __post_init__(self) -> None:
+        # Validated here, not only in from_dict, so a space built in Python is checked too.
+        for knob in KNOBS:
+            object.__setattr__(self, knob, tuple(_as_list(knob, getattr(self, knob))))
+
     @classmethod
     def from_dict(cls, fields: Mapping[str, Any], name: str = "custom") -> SearchSpace:
         values: dict[str, Any] = {}
@@ -87,7 +92,7 @@ class SearchSpace:
                     f"search space {name!r} has unknown knob {knob!r}; knobs: {', '.join(KNOBS)}"
                     + ("; dp follows from num_gpus / (tp·pp·cp)" if knob == "dp" else "")
                 )
-            values[knob] = tuple(_as_list(knob, raw))
+            values[knob] = raw
         return cls(name=str(fields.get("name", name)), **values)
 
     @classmethod
@@ -107,8 +112,7 @@ class SearchSpace:
                     f"cannot pin {knob!r}: not a knob of the search space; "
                     f"knobs: {', '.join(KNOBS)}"
                 )
-        pinned: dict[str, Any] = {k: tuple(_as_list(k, v)) for k, v in knobs.items()}
-        return dataclasses.replace(self, **pinned)
+        return dataclasses.replace(self, **knobs)
 
     def axes(self) -> dict[str, tuple[Any, ...]]:
         return {knob: tuple(getattr(self, knob)) for knob in KNOBS}

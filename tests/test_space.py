@@ -1,0 +1,101 @@
+"""SearchSpace: the study's grid, the candidate table it spans, pinning, bad values."""
+
+from __future__ import annotations
+
+import pytest
+
+from layoutsearch.catalog import load_cluster, load_model
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.space import KNOBS, SearchSpace, space_names
+from layoutsearch.specs import Job
+
+
+@pytest.fixture
+def job() -> Job:
+    return Job(model=load_model("llama_13b"), cluster=load_cluster("a100_80gb"), num_gpus=64,
+               seq_length=2048, global_batch_size=2048)
+
+
+def test_paper_space_is_the_study_grid() -> None:
+    # Hagemann et al. 2023, section 3.
+    space = SearchSpace.load("paper")
+    assert space.axes() == {
+        "tp": (1, 2, 4, 8),
+        "pp": (1, 2, 4, 8, 16),
+        "cp": (1,),
+        "vp": (1,),
+        "micro_batch_size": (1, 2, 4, 8),
+        "sequence_parallel": (False, True),
+        "rmsnorm_kernel": (False, True),
+        "distributed_optimizer": (True,),
+        "attention": ("torch", "fused", "flash1", "flash2"),
+        "recompute": ("none", "full"),
+    }
+    assert {"paper", "default"} <= set(space_names())
+
+
+def test_candidates_are_the_product_minus_sp_twins_at_tp1(job: Job) -> None:
+    space = SearchSpace.load("paper")
+    product = 4 * 5 * 4 * 2 * 4 * 2 * 2  # tp, pp, mb, sp, attention, rmsnorm, recompute
+    assert space.size() == product == 2560
+    twins = 1 * 5 * 4 * 1 * 4 * 2 * 2   # tp=1 with sequence_parallel=True
+    table = space.candidates(job)
+    assert len(table) == product - twins == 2240
+    assert not (table["sequence_parallel"] & (table["tp"] == 1)).any()
+    assert not table.duplicated(subset=list(KNOBS)).any()
+
+
+def test_dp_is_derived_and_job_columns_are_broadcast(job: Job) -> None:
+    table = SearchSpace.load("paper").candidates(job)
+    divides = 64 % (table["tp"] * table["pp"]) == 0
+    assert (table.loc[divides, "dp"] * table.loc[divides, "tp"] * table.loc[divides, "pp"]
+            == 64).all()
+    assert (table.loc[~divides, "dp"] == 0).all()  # tp8 pp16 = 128 > 64 GPUs: the rules say so
+    assert set(table.loc[(table["tp"] == 2) & (table["pp"] == 4), "dp"]) == {8}
+    assert (table["num_layers"] == 40).all() and (table["gpu"] == "a100_80gb").all()
+    assert (table["global_batch_size"] == 2048).all()
+    assert table["attention"].map(type).eq(str).all()
+
+
+def test_pin_restricts_knobs(job: Job) -> None:
+    space = SearchSpace.load("paper").pin(tp=2, attention=["flash2", "fused"])
+    assert space.tp == (2,) and space.attention == ("flash2", "fused")
+    table = space.candidates(job)
+    assert set(table["tp"]) == {2} and set(table["attention"]) == {"flash2", "fused"}
+    assert len(table) == 5 * 4 * 2 * 2 * 2 * 2
+    with pytest.raises(LayoutSearchError, match=r"cannot pin 'dp'.*knobs: tp, pp"):
+        space.pin(dp=2)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"tp": [1, 0]}, r"search space tp=0: must be a positive integer"),
+        ({"micro_batch_size": [2.5]}, r"micro_batch_size=2\.5: must be a positive integer"),
+        ({"attention": ["flash2", "flash9"]},
+         r"unknown attention 'flash9'; did you mean 'flash\d'\? valid attention names: "),
+        ({"recompute": "sometimes"}, r"unknown recompute 'sometimes'"),
+        ({"sequence_parallel": ["yes"]}, r"sequence_parallel='yes': must be true or false"),
+        ({"dp": [1, 2]}, r"unknown knob 'dp'.*dp follows from num_gpus / \(tp·pp·cp\)"),
+        ({"pp": []}, r"search space pp: needs at least one value"),
+    ],
+)
+def test_bad_space_values_are_named(fields: dict[str, object], expected: str) -> None:
+    with pytest.raises(LayoutSearchError, match=expected):
+        SearchSpace.from_dict(fields)
+
+
+def test_unknown_space_name() -> None:
+    with pytest.raises(LayoutSearchError, match=r"search space 'papr'; did you mean 'paper'"):
+        SearchSpace.load("papr")
+
+
+def test_single_values_and_repeats() -> None:
+    space = SearchSpace.from_dict({"tp": 2, "pp": [1, 1, 2], "attention": "flash2"})
+    assert space.tp == (2,) and space.pp == (1, 2) and space.attention == ("flash2",)
+
+
+def test_a_space_built_in_python_is_validated() -> None:
+    assert SearchSpace(tp=[1, 2]).tp == (1, 2)
+    with pytest.raises(LayoutSearchError, match=r"search space pp=-1: must be a positive integer"):
+        SearchSpace(pp=(1, -1))
