@@ -10,7 +10,7 @@ import pytest
 
 from layoutsearch.catalog import load_cluster, load_model
 from layoutsearch.layout import Layout
-from layoutsearch.specs import Job
+from layoutsearch.specs import Job, ModelSpec
 
 
 @pytest.fixture
@@ -32,16 +32,19 @@ CandidateFactory = Callable[..., pd.DataFrame]
 
 @pytest.fixture
 def candidate() -> CandidateFactory:
-    """`candidate("llama_30b", tp=8, num_gpus=64)`: a one-row candidate table as the
-    search space builds it (job columns + layout columns; dp derived unless given)."""
+    """`candidate("llama_30b", tp=8, num_gpus=64)`: a one-row candidate table as
+    SearchSpace.candidates builds it (job columns + layout columns, dp derived)."""
 
-    def build(model: str, *, cluster: str = "a100_80gb", num_gpus: int = 64,
+    def build(model: str | ModelSpec, *, cluster: str = "a100_80gb", num_gpus: int = 64,
               seq_length: int = 2048, global_batch_size: int = 2048,
               **knobs: Any) -> pd.DataFrame:
-        job = Job(model=load_model(model), cluster=load_cluster(cluster), num_gpus=num_gpus,
+        spec = load_model(model) if isinstance(model, str) else model
+        job = Job(model=spec, cluster=load_cluster(cluster), num_gpus=num_gpus,
                   seq_length=seq_length, global_batch_size=global_batch_size)
-        tp, pp, cp = knobs.get("tp", 1), knobs.get("pp", 1), knobs.get("cp", 1)
-        knobs.setdefault("dp", max(num_gpus // (tp * pp * cp), 1))
+        model_parallel = knobs.get("tp", 1) * knobs.get("pp", 1) * knobs.get("cp", 1)
+        # As SearchSpace.candidates does: dp is 0 where tp·pp·cp does not divide the GPUs.
+        whole = num_gpus % model_parallel == 0
+        knobs.setdefault("dp", num_gpus // model_parallel if whole else 0)
         return pd.DataFrame([{**job.columns(), **Layout(**knobs).to_dict()}])
 
     return build
