@@ -39,6 +39,11 @@ STATUSES = ("ok", "oom", "unavailable", "error", "timeout")
 _TRUE = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
+def _shown(value: object) -> str:
+    """A cell as the user wrote it: 2.5, not np.float64(2.5)."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
 def _fail(source: str, row: int, column: str, message: str) -> LayoutSearchError:
     # Rows are numbered as a spreadsheet shows a CSV: the header is line 1, data from 2.
     return LayoutSearchError(f"{source}: row {row + 2}, column {column!r}: {message}")
@@ -52,7 +57,8 @@ def _as_bool(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
     bad = out.isna()
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise _fail(source, i, column, f"{values.iloc[i]!r} is not a boolean (True/False/1/0)")
+        shown = _shown(values.iloc[i])
+        raise _fail(source, i, column, f"{shown} is not a boolean (True/False/1/0)")
     return out.astype(bool)
 
 
@@ -61,7 +67,7 @@ def _as_int(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
     bad = numbers.isna() | (numbers % 1 != 0) | (numbers <= 0)
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise _fail(source, i, column, f"{frame[column].iloc[i]!r} is not a positive integer")
+        raise _fail(source, i, column, f"{_shown(frame[column].iloc[i])} is not a positive integer")
     return numbers.astype(np.int64)
 
 
@@ -104,11 +110,18 @@ def _check_values(t: pd.DataFrame, source: str) -> None:
          "must be a positive number of seconds for a run with status ok"),
         ("mfu", (t["status"] == "ok") & ~((t["mfu"] > 0) & (t["mfu"] <= 1)),
          "must be in (0, 1] for a run with status ok"),
+        # The shape rules of ModelSpec, so that a typo in a model column is caught here.
+        ("hidden_size", t["hidden_size"] % t["num_attention_heads"] != 0,
+         "must divide by num_attention_heads ({num_attention_heads})"),
+        ("num_query_groups", t["num_attention_heads"] % t["num_query_groups"] != 0,
+         "does not divide num_attention_heads ({num_attention_heads})"),
     ]
     for column, bad, rule in checks:
         if bad.any():
             i = _first(bad)
-            raise _fail(source, i, column, f"{t[column].iloc[i]!r} {rule}")
+            # A rule may name another column of the row: "{num_attention_heads}".
+            text = rule.format_map(t.iloc[i].to_dict())
+            raise _fail(source, i, column, f"{_shown(t[column].iloc[i])} {text}")
     world = t["tp"] * t["pp"] * t["cp"] * t["dp"]
     bad = world != t["num_gpus"]
     if bad.any():

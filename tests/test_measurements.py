@@ -1,0 +1,102 @@
+"""The measurement schema reader: types, defaults, and errors that name row and column."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.measurements import read_measurements, validate_measurements
+
+
+def write(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "runs.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def three_rows(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """Three valid runs: ok, oom (no time, no MFU), and ok at tp 4."""
+    oom = {**row, "status": "oom", "step_time_s": None, "mfu": None, "micro_batch_size": 8}
+    wide = {**row, "tp": 4, "dp": 16, "mfu": 0.55}
+    return [dict(row), oom, wide]
+
+
+def test_reads_a_valid_file_with_types_and_defaults(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    rows = three_rows(measurement_row)
+    for row, note in zip(rows, ("first", "second", "third"), strict=True):
+        row["note"] = note  # an unknown column
+    runs = read_measurements(write(tmp_path, rows))
+    assert len(runs) == 3
+    assert list(runs["tp"]) == [2, 2, 4] and runs["tp"].dtype == "int64"
+    assert runs["swiglu"].dtype == bool
+    # Optional columns get the defaults of MEASUREMENTS.md.
+    assert list(runs["cp"]) == [1, 1, 1] and list(runs["vp"]) == [1, 1, 1]
+    assert not runs["distributed_optimizer"].any()
+    assert (runs["normalization"] == "RMSNorm").all()
+    assert list(runs["note"]) == ["first", "second", "third"]  # unknown columns are kept
+    assert runs["mfu"].isna().tolist() == [False, True, False]
+
+
+def test_booleans_accept_several_spellings(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    spellings = ["True", "true", "1", "False", "false", "0"]
+    rows = [{**measurement_row, "sequence_parallel": s} for s in spellings]
+    runs = read_measurements(write(tmp_path, rows))
+    assert runs["sequence_parallel"].tolist() == [True, True, True, False, False, False]
+
+
+def test_optional_columns_fill_their_gaps(measurement_row: dict[str, Any]) -> None:
+    frame = pd.DataFrame([{**measurement_row, "cp": None}, {**measurement_row, "cp": 1}])
+    assert validate_measurements(frame)["cp"].tolist() == [1, 1]
+
+
+def test_missing_column_is_named(tmp_path: Path, measurement_row: dict[str, Any]) -> None:
+    row = {k: v for k, v in measurement_row.items() if k != "micro_batch_size"}
+    with pytest.raises(LayoutSearchError, match=r"missing required column\(s\) micro_batch_size"):
+        read_measurements(write(tmp_path, [row]))
+
+
+def test_missing_file() -> None:
+    with pytest.raises(LayoutSearchError, match=r"measurement file '/nonexistent.csv' does not"):
+        read_measurements("/nonexistent.csv")
+
+
+# A bad value in the third data row: line 4 of the file (the header is line 1).
+@pytest.mark.parametrize(
+    ("column", "value", "message"),
+    [
+        ("sequence_parallel", "maybe", r"'maybe' is not a boolean"),
+        ("tp", 2.5, r"2\.5 is not a positive integer"),
+        ("micro_batch_size", "one", r"'one' is not a positive integer"),
+        ("seq_length", 0, r"0 is not a positive integer"),
+        ("attention", "flash9", r"'flash9' must be one of torch, fused"),
+        ("recompute", "half", r"'half' must be one of none"),
+        ("status", "crashed", r"'crashed' must be one of ok, oom"),
+        ("mfu", 1.5, r"1\.5 must be in \(0, 1\] for a run with status ok"),
+        ("dp", 8, r"tp·pp·cp·dp = 4·1·1·8 = 32 does not equal num_gpus=64"),
+        ("hidden_size", 5121, r"5121 must divide by num_attention_heads \(40\)"),
+        ("num_query_groups", 3, r"3 does not divide num_attention_heads \(40\)"),
+    ],
+)
+def test_bad_values_name_row_and_column(
+    tmp_path: Path, measurement_row: dict[str, Any], column: str, value: Any, message: str
+) -> None:
+    rows = three_rows(measurement_row)
+    rows[2][column] = value
+    path = write(tmp_path, rows)
+    with pytest.raises(LayoutSearchError, match=rf"row 4, column '{column}': {message}") as error:
+        read_measurements(path)
+    assert str(path) in str(error.value)
+
+
+def test_ok_run_needs_a_step_time(measurement_row: dict[str, Any]) -> None:
+    frame = pd.DataFrame([{**measurement_row, "step_time_s": None}])
+    with pytest.raises(LayoutSearchError, match=r"my runs: row 2, column 'step_time_s'"):
+        validate_measurements(frame, source="my runs")
