@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import pandas as pd
 
 from layoutsearch.drivers.grid import GridDriver
+from layoutsearch.drivers.paper import PaperDriver
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.problem import SearchProblem
 
@@ -24,7 +25,7 @@ class Driver(Protocol):
     def run(self, problem: SearchProblem) -> pd.DataFrame: ...
 
 
-DRIVERS: dict[str, Callable[..., Driver]] = {"grid": GridDriver}
+DRIVERS: dict[str, Callable[..., Driver]] = {"grid": GridDriver, "paper": PaperDriver}
 """Driver name -> factory taking the driver's settings as keywords."""
 
 
@@ -43,4 +44,4 @@ def build_driver(spec: str | Mapping[str, Any] | Driver, **settings: Any) -> Dri
         raise LayoutSearchError(f"driver {spec!r}: {error}") from None
 
 
-__all__ = ["DRIVERS", "Driver", "GridDriver", "build_driver"]
+__all__ = ["DRIVERS", "Driver", "GridDriver", "PaperDriver", "build_driver"]

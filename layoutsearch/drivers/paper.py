@@ -1,0 +1,220 @@
+"""The study's rules as a driver: the layout Hagemann et al. 2023 would pick, without a search.
+
+Their recommendations (arXiv 2311.05610 §5, DOMAIN.md §1): micro-batch 1; no activation
+checkpointing; the least model parallelism (tp·pp) that fits, pipeline before tensor;
+sequence parallelism only above ~30B parameters or 2k tokens; FlashAttention 2 with the
+fused RMSNorm kernel; raise the micro-batch only when model parallelism cannot shrink. Only
+"does it fit" needs the cost model, asked for one tp·pp size at a time, smallest first, so an
+expensive backend prices a handful of rows. `paper_choice` walks the same rules over any
+pricing function, so a report can replay them on an already-scored table.
+
+    ranked = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=2048,
+                                 global_batch_size=2048, driver="paper")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from layoutsearch.layout import Layout
+from layoutsearch.problem import SearchProblem
+from layoutsearch.progress import Progress
+from layoutsearch.specs import Job
+
+SP_MIN_PARAMETERS = 30e9
+"""Sequence parallelism pays off above ~30B parameters (DOMAIN.md §1, finding 4) ..."""
+SP_MIN_SEQ_LENGTH = 2048
+"""... or for sequences longer than 2k tokens."""
+ATTENTION_PREFERENCE = ("flash2", "flash3", "flash1", "fused", "torch")
+"""FlashAttention 2 first (the study's best kernel); the rest only if a space lacks it."""
+RECOMPUTE_FALLBACK = ("none", "mlp", "full")
+"""No checkpointing; if nothing fits, the MLP only (FlashAttention already recomputes
+attention), then every layer."""
+RULE_COLUMN = "paper_rule"
+"""The column that explains each row's part in the choice."""
+
+Evaluate = Callable[[pd.DataFrame], pd.DataFrame]
+
+
+def wants_sequence_parallel(job: Job) -> bool:
+    """The study's finding 4: SP for models above ~30B parameters or sequences above 2k."""
+    return job.model.num_parameters() > SP_MIN_PARAMETERS or job.seq_length > SP_MIN_SEQ_LENGTH
+
+
+def _prefer(values: pd.Series, order: tuple[Any, ...]) -> Any:
+    """The first of `order` that occurs in `values` (the space may lack the favourite)."""
+    present = set(values)
+    return next((v for v in order if v in present), values.iloc[0])
+
+
+def rule_layouts(candidates: pd.DataFrame, job: Job) -> pd.DataFrame:
+    """The rows the rules can pick from: their kernels, optimizer and SP setting.
+
+    Knobs the study did not vary (cp, vp) keep their smallest value; the optimizer state is
+    sharded (ZeRO-1) as in the study.
+    """
+    rows = candidates
+    rows = rows[rows["attention"] == _prefer(rows["attention"], ATTENTION_PREFERENCE)]
+    rows = rows[rows["rmsnorm_kernel"] == _prefer(rows["rmsnorm_kernel"], (True, False))]
+    rows = rows[rows["distributed_optimizer"] == _prefer(rows["distributed_optimizer"],
+                                                         (True, False))]
+    rows = rows[(rows["cp"] == rows["cp"].min()) & (rows["vp"] == rows["vp"].min())]
+    sp = wants_sequence_parallel(job)
+    multi_tp = rows["tp"] > 1
+    sp_choice = _prefer(rows.loc[multi_tp, "sequence_parallel"], (sp, not sp)) if multi_tp.any() \
+        else False
+    return rows[~multi_tp | (rows["sequence_parallel"] == sp_choice)]
+
+
+def _label(row: pd.Series) -> str:
+    return f"tp{int(row['tp'])} pp{int(row['pp'])}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PaperChoice:
+    """What the rules picked, and every row they priced on the way."""
+
+    priced: pd.DataFrame
+    """The rows priced, in the order the rules tried them, with RULE_COLUMN."""
+    chosen: Any
+    """Index label of the chosen row in `priced`; None when nothing fits."""
+    calls: int
+    """How many times the pricing function was called."""
+
+    @property
+    def row(self) -> pd.Series | None:
+        return None if self.chosen is None else self.priced.loc[self.chosen]
+
+    def frame(self) -> pd.DataFrame:
+        """The chosen row and the rows that did not fit (the driver's answer)."""
+        keep = ~self.priced["fits"].astype(bool)
+        if self.chosen is not None:
+            keep |= self.priced.index == self.chosen
+        return self.priced[keep]
+
+
+@dataclass(kw_only=True, slots=True)
+class _Pricer:
+    """Prices rows through `evaluate`, keeping every priced row and the number of calls."""
+
+    evaluate: Evaluate
+    priced: list[pd.DataFrame]
+    calls: int = 0
+
+    def __call__(self, rows: pd.DataFrame) -> pd.DataFrame:
+        self.calls += 1
+        scored = self.evaluate(rows)
+        self.priced.append(scored)
+        return scored
+
+
+def paper_choice(candidates: pd.DataFrame, job: Job, evaluate: Evaluate) -> PaperChoice:
+    """Walk the study's rules over `candidates`, pricing rows with `evaluate` as needed."""
+    pool = rule_layouts(candidates, job)
+    price = _Pricer(evaluate=evaluate, priced=[])
+    misses: list[str] = []
+    for recompute in [r for r in RECOMPUTE_FALLBACK if r in set(pool["recompute"])]:
+        level = pool[(pool["recompute"] == recompute) & (pool["micro_batch_size"] == 1)]
+        for size in sorted(set(level["tp"] * level["pp"])):
+            # Same tp·pp: more pipeline stages first (the study's PP-over-TP finding).
+            group = level[level["tp"] * level["pp"] == size].sort_values("pp", ascending=False)
+            scored = price(group)
+            fitting = scored[scored["fits"].astype(bool)]
+            if fitting.empty:
+                first = scored.iloc[0]
+                misses.append(f"{_label(first)}: {first['reason'] or 'does not fit'}")
+                continue
+            chosen = fitting.index[0]
+            why = _explain(job, fitting.loc[chosen], recompute, misses, fitting.iloc[1:])
+            chosen, why = _raise_micro_batch(pool, price, fitting.loc[chosen], why)
+            return _finish(price, chosen, why)
+    return _finish(price, None, "nothing fits under the study's rules: " + "; ".join(misses[-3:]))
+
+
+def _finish(price: _Pricer, chosen: Any, why: str) -> PaperChoice:
+    rows = pd.concat(price.priced)
+    if chosen is None:
+        rows[RULE_COLUMN] = why
+        return PaperChoice(priced=rows, chosen=None, calls=price.calls)
+    rows[RULE_COLUMN] = [
+        why if label == chosen else f"passed over by the rules: {reason or 'not the pick'}"
+        for label, reason in zip(rows.index, rows["reason"].fillna(""), strict=True)
+    ]
+    return PaperChoice(priced=rows, chosen=chosen, calls=price.calls)
+
+
+def _explain(job: Job, row: pd.Series, recompute: str, misses: list[str],
+             also_fitting: pd.DataFrame) -> str:
+    sp = "sequence parallel" if bool(row["sequence_parallel"]) else "no sequence parallelism"
+    sp_why = ("(> 30B parameters or > 2k tokens)" if wants_sequence_parallel(job)
+              else "(≤ 30B parameters and ≤ 2k tokens)")
+    parts = [
+        f"study rules: micro-batch 1, {row['attention']}"
+        + (" + RMSNorm kernel" if bool(row["rmsnorm_kernel"]) else ""),
+        f"{sp} {sp_why}" if int(row["tp"]) > 1 else "tp=1 needs no sequence parallelism",
+        f"least model parallelism that fits: tp·pp={int(row['tp']) * int(row['pp'])}, "
+        f"pipeline before tensor → {_label(row)}",
+    ]
+    if misses:
+        parts.append("smaller ones do not fit (" + "; ".join(misses[-2:]) + ")")
+    if recompute != "none":
+        parts.append(f"recompute={recompute}: no model-parallel size fits without checkpointing")
+    if not also_fitting.empty:
+        parts.append("also fits at this size but has fewer stages: "
+                     + ", ".join(_label(r) for _, r in also_fitting.iterrows()))
+    return "; ".join(parts)
+
+
+def _raise_micro_batch(pool: pd.DataFrame, price: _Pricer, base: pd.Series,
+                       why: str) -> tuple[Any, str]:
+    """At the least model parallelism (it cannot shrink further), try larger micro-batches.
+
+    The study raises the micro-batch only then; we keep the larger one only if the cost
+    model says it fits and is faster (one more call, a few rows).
+    """
+    same = (
+        (pool["tp"] == base["tp"]) & (pool["pp"] == base["pp"])
+        & (pool["recompute"] == base["recompute"]) & (pool["micro_batch_size"] > 1)
+        & (pool["sequence_parallel"] == base["sequence_parallel"])
+    )
+    if not same.any():
+        return base.name, why
+    bigger = price(pool[same])
+    better = bigger[bigger["fits"].astype(bool) & (bigger["mfu"] > base["mfu"])]
+    if better.empty:
+        return base.name, why
+    top = better.loc[better["mfu"].idxmax()]
+    why += (f"; model parallelism cannot shrink further, so the micro-batch is raised to "
+            f"{int(top['micro_batch_size'])} (fits, MFU {100 * top['mfu']:.1f} % vs "
+            f"{100 * base['mfu']:.1f} % at mb=1)")
+    return top.name, why
+
+
+class PaperDriver:
+    """The study's rules: a zero-search baseline that prices a handful of layouts."""
+
+    name = "paper"
+
+    def __init__(self, *, progress: bool | None = None) -> None:
+        self.progress = progress
+        """Show a progress line (None: only on a terminal or with LAYOUTSEARCH_PROGRESS)."""
+
+    def run(self, problem: SearchProblem) -> pd.DataFrame:
+        with Progress(label="paper rules", enabled=self.progress) as progress:
+            def evaluate(rows: pd.DataFrame) -> pd.DataFrame:
+                scored = problem.evaluate(rows)
+                progress.update(scored)
+                return scored
+
+            choice = paper_choice(problem.candidates, problem.job, evaluate)
+        return choice.frame()
+
+
+def paper_layout(choice: PaperChoice) -> Layout | None:
+    """The chosen layout as a `Layout` (None when nothing fits)."""
+    row = choice.row
+    return None if row is None else Layout.from_row(row.to_dict())

@@ -1,0 +1,136 @@
+"""The paper driver applies the study's rules and prices only a handful of layouts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import layoutsearch
+from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
+from layoutsearch.drivers import build_driver
+from layoutsearch.drivers.paper import (
+    RULE_COLUMN,
+    PaperDriver,
+    paper_choice,
+    wants_sequence_parallel,
+)
+from layoutsearch.problem import SearchProblem
+from layoutsearch.space import SearchSpace
+from layoutsearch.specs import ClusterSpec, Job
+
+JOB_13B = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
+               vocab_size=128000)
+
+
+class FakeCost:
+    """Fits when tp·pp ≥ `min_model_parallel` and recompute is allowed; MFU grows with mb.
+
+    Counts calls and rows so a test can check how little the rules price.
+    """
+
+    name = "fake"
+
+    def __init__(self, min_model_parallel: int = 4, fits_recompute: tuple[str, ...] = (
+            "none", "selective", "mlp", "full")) -> None:
+        self.min_model_parallel = min_model_parallel
+        self.fits_recompute = fits_recompute
+        self.calls = 0
+        self.rows = 0
+
+    def score(self, candidates: pd.DataFrame,
+              clusters: Mapping[str, ClusterSpec]) -> pd.DataFrame:
+        self.calls += 1
+        self.rows += len(candidates)
+        size = candidates["tp"] * candidates["pp"]
+        fits = (size >= self.min_model_parallel) & candidates["recompute"].isin(
+            self.fits_recompute)
+        mfu = 0.5 + 0.01 * candidates["micro_batch_size"] - 0.01 * np.log2(size)
+        return pd.DataFrame({
+            "step_time_s": 1.0 / mfu, "mfu": mfu, "tokens_per_s": 1000 * mfu,
+            "peak_memory_gib": 100.0 / size, "fits": fits,
+            "cost_reason": np.where(fits, "", "needs more memory"),
+        }, index=candidates.index)
+
+
+def problem(cost: FakeCost, space: SearchSpace | None = None) -> SearchProblem:
+    job = Job(model=load_model("llama_13b"), cluster=load_cluster("a100_80gb"), num_gpus=64,
+              seq_length=2048, global_batch_size=2048)
+    return SearchProblem.build(job, space or SearchSpace.load("paper"), cost, clusters_by_gpu())
+
+
+def pick(cost: FakeCost, space: SearchSpace | None = None) -> pd.Series:
+    out = PaperDriver(progress=False).run(problem(cost, space))
+    chosen = out[out["fits"]]
+    assert len(chosen) == 1
+    return chosen.iloc[0]
+
+
+def test_paper_is_a_registered_driver() -> None:
+    assert isinstance(build_driver("paper"), PaperDriver)
+    assert isinstance(build_driver({"name": "paper"}), PaperDriver)
+
+
+def test_least_model_parallelism_that_fits_with_pipeline_before_tensor() -> None:
+    cost = FakeCost(min_model_parallel=4, fits_recompute=("none",))
+    row = pick(cost)
+    # tp·pp = 4 is the least that fits; among tp1·pp4, tp2·pp2, tp4·pp1 the rules take pp4.
+    assert (row["tp"], row["pp"], row["recompute"]) == (1, 4, "none")
+    assert row["attention"] == "flash2" and row["rmsnorm_kernel"]
+    assert "pipeline before tensor" in row[RULE_COLUMN]
+    # One call per tp·pp size (1, 2, 4) plus one for the larger micro-batches.
+    assert cost.calls == 4
+    assert cost.rows < 20
+
+
+def test_micro_batch_is_raised_only_at_the_least_model_parallelism() -> None:
+    cost = FakeCost(min_model_parallel=4, fits_recompute=("none",))
+    row = pick(cost)
+    # The fake model makes larger micro-batches faster, so the rules raise it at tp1 pp4.
+    assert row["micro_batch_size"] == 8
+    assert "micro-batch is raised" in row[RULE_COLUMN]
+
+
+def test_falls_back_to_mlp_recompute_before_full() -> None:
+    space = SearchSpace.load("paper").pin(recompute=["none", "mlp", "full"])
+    cost = FakeCost(min_model_parallel=1, fits_recompute=("mlp", "full"))
+    row = pick(cost, space)
+    assert row["fits"] and row["recompute"] == "mlp"
+    assert (row["tp"], row["pp"]) == (1, 1)
+    assert "no model-parallel size fits without checkpointing" in row[RULE_COLUMN]
+
+
+def test_nothing_fits_gives_rows_with_reasons() -> None:
+    cost = FakeCost(min_model_parallel=10_000)
+    out = PaperDriver(progress=False).run(problem(cost))
+    assert not out["fits"].any()
+    assert out[RULE_COLUMN].str.startswith("nothing fits").all()
+
+
+def test_sequence_parallel_rule() -> None:
+    small = Job(model=load_model("llama_13b"), cluster=load_cluster("a100_80gb"),
+                num_gpus=64, seq_length=2048, global_batch_size=2048)
+    assert not wants_sequence_parallel(small)
+    assert wants_sequence_parallel(Job(model=small.model, cluster=small.cluster, num_gpus=64,
+                                       seq_length=8192, global_batch_size=512))
+    assert wants_sequence_parallel(Job(model=load_model("llama_65b"), cluster=small.cluster,
+                                       num_gpus=64, seq_length=2048, global_batch_size=2048))
+
+
+def test_with_the_analytic_model_the_pick_follows_the_rules_and_is_reproducible() -> None:
+    paper = layoutsearch.search(driver="paper", **JOB_13B)
+    grid = layoutsearch.search(**JOB_13B)
+    pick = paper.iloc[0]
+    assert pick["fits"] and pick["micro_batch_size"] >= 1
+    fitting = grid[grid["fits"] & (grid["micro_batch_size"] == 1) & (grid["recompute"] == "none")
+                   & (grid["attention"] == "flash2") & grid["rmsnorm_kernel"]]
+    assert int(pick["tp"] * pick["pp"]) == int((fitting["tp"] * fitting["pp"]).min())
+    # Replaying the rules on the grid's scored table picks the same layout.
+    job = grid.attrs["job"]
+    replay = paper_choice(grid, job, lambda rows: grid.loc[rows.index]).row
+    assert replay is not None
+    for knob in ("tp", "pp", "micro_batch_size", "sequence_parallel", "recompute"):
+        assert replay[knob] == pick[knob]
+    assert pick["mfu"] == pytest.approx(replay["mfu"])
