@@ -55,7 +55,7 @@ class Progress:
             top = feasible.iloc[int(feasible["mfu"].to_numpy().argmax())]
             if self.best_mfu is None or float(top["mfu"]) > self.best_mfu:
                 self.best_mfu = float(top["mfu"])
-                self.best_layout = Layout.from_row(top.to_dict()).describe()
+                self.best_layout = Layout.from_row({str(k): v for k, v in top.items()}).describe()
         self._paint(force=False)
 
     def line(self) -> str:

@@ -217,4 +217,4 @@ class PaperDriver:
 def paper_layout(choice: PaperChoice) -> Layout | None:
     """The chosen layout as a `Layout` (None when nothing fits)."""
     row = choice.row
-    return None if row is None else Layout.from_row(row.to_dict())
+    return None if row is None else Layout.from_row({str(k): v for k, v in row.items()})
