@@ -1,0 +1,183 @@
+"""The `layoutsearch` command: a Hydra application over the catalog and the config groups.
+
+It composes `conf/layoutsearch.yaml` with the groups `model`, `cluster` (the catalog),
+`search_spaces`, `cost_models` and `driver`, runs the same search as
+`layoutsearch.search()`, prints the ranking and writes `ranked.csv` into the Hydra run
+directory. This is the only module of the package that imports Hydra.
+
+    layoutsearch model=llama_13b model.vocab_size=128000 num_gpus=64 search_spaces.tp=[1,2]
+    layoutsearch --multirun model=llama_13b,llama_65b num_gpus=64,128
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, cast
+
+import hydra
+import pandas as pd
+from hydra._internal.utils import get_args_parser  # Hydra's own argv parser (stable in 1.3)
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+
+from layoutsearch.api import NoLayoutFitsWarning, search
+from layoutsearch.catalog import CLUSTER_DIR, MODEL_DIR, cluster_from_dict, model_from_dict
+from layoutsearch.costs import build_cost_model
+from layoutsearch.drivers import build_driver
+from layoutsearch.errors import LayoutSearchError, unknown_name_message
+from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.paths import config_dir
+from layoutsearch.space import SearchSpace
+from layoutsearch.specs import Job
+
+CONF_DIR = Path(__file__).parent / "conf"
+
+GROUP_DIRS: dict[str, Callable[[], Path]] = {
+    "model": lambda: MODEL_DIR,
+    "cluster": lambda: CLUSTER_DIR,
+    "search_spaces": lambda: config_dir("search_spaces"),
+    "cost_models": lambda: config_dir("cost_models"),
+    "driver": lambda: CONF_DIR / "driver",
+}
+"""Config group -> the folder of its options (one YAML file each)."""
+
+SUMMARY_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "peak_memory_gib", "fits", "reason")
+
+Emitter = Callable[[pd.DataFrame, Path], None]
+EMITTERS: dict[str, Emitter] = {}
+"""`emit=<name>` -> writer(ranked frame, run directory) of an extra output. Register here."""
+
+USER_ERROR_STATUS = 2  # the argparse convention for "the command line was wrong"
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in GROUP_DIRS[group]().glob("*.yaml"))
+
+
+def run(config: Mapping[str, Any], output_dir: Path) -> pd.DataFrame:
+    """Search the job a composed config describes; print the report, write `ranked.csv`."""
+    model = model_from_dict(config["model"])
+    cluster = cluster_from_dict(config["cluster"])
+    space = SearchSpace.from_dict(config["search_spaces"])
+    emit = config.get("emit")
+    if emit is not None and emit not in EMITTERS:
+        raise LayoutSearchError(unknown_name_message("emit", str(emit), EMITTERS))
+    with warnings.catch_warnings():  # printed below as the frame's message instead
+        warnings.simplefilter("ignore", NoLayoutFitsWarning)
+        ranked = search(
+            model=model,
+            cluster=cluster,
+            num_gpus=config["num_gpus"],
+            seq_length=config["seq_length"],
+            global_batch_size=config["global_batch_size"],
+            search_space=space,
+            cost_model=build_cost_model(config["cost_models"]),
+            driver=build_driver(config["driver"]),
+        )
+    output_dir.mkdir(parents=True, exist_ok=True)
+    csv = output_dir / "ranked.csv"
+    ranked.to_csv(csv, index=False)
+    print(report(ranked, space, top_k=int(config.get("top_k") or 10)))
+    if emit is not None:
+        EMITTERS[emit](ranked, output_dir)
+    print(f"\nwrote {csv}")
+    return ranked
+
+
+def _table(frame: pd.DataFrame) -> str:
+    return frame.to_string(float_format=lambda v: f"{v:.3f}")
+
+
+def report(ranked: pd.DataFrame, space: SearchSpace, top_k: int) -> str:
+    """The job, the top `top_k` rows, and the best layout's time and memory breakdowns."""
+    job: Job = ranked.attrs["job"]
+    fits = int(ranked["fits"].sum())
+    lines = [
+        f"job: {job.model.name} ({job.model.num_parameters() / 1e9:.1f}B parameters, "
+        f"vocab {job.model.vocab_size}) on {job.num_gpus} x {job.cluster.gpu.name}, "
+        f"seq_length {job.seq_length}, global_batch_size {job.global_batch_size}",
+        f"search space {space.name!r}: {len(ranked)} layouts, {fits} fit",
+        "",
+        f"top {min(top_k, len(ranked))}:",
+        _table(ranked.loc[: top_k - 1, list(SUMMARY_COLUMNS)]),
+    ]
+    if not fits:
+        return "\n".join([*lines, "", ranked.attrs["message"]])
+    best = ranked.iloc[0]
+    for prefix, unit, total in (("time", "s", "step_time_s"), ("memory", "gib", "peak_memory_gib")):
+        parts = [c for c in ranked.columns if c.startswith(f"{prefix}_") and c.endswith(f"_{unit}")]
+        values = best[parts].astype(float).to_numpy()
+        breakdown = pd.DataFrame(
+            {unit: values, "share": [f"{v / float(best[total]):.1%}" for v in values]},
+            index=[c.removeprefix(f"{prefix}_").removesuffix(f"_{unit}") for c in parts],
+        )
+        lines += ["", f"best layout, {prefix} ({total} = {best[total]:.3f}):", _table(breakdown)]
+    return "\n".join(lines)
+
+
+def _fail(error: LayoutSearchError) -> NoReturn:
+    print(f"layoutsearch: error: {error}", file=sys.stderr)
+    sys.exit(USER_ERROR_STATUS)
+
+
+def _group_choices(override: Override) -> Iterator[str]:
+    """The option names a group override selects (`model=a,b` -> a, b); globs are skipped."""
+    if override.is_sweep_override():
+        try:
+            yield from override.sweep_string_iterator()
+        except HydraException:  # glob(...) needs Hydra's repository; Hydra checks it
+            return
+    elif isinstance(value := override.value(), str):
+        yield value
+
+
+def check_group_choices(argv: Sequence[str]) -> None:
+    """Reject an unknown option of a group (`model=llama13b`) with the closest valid name.
+
+    Hydra would report it too, but with status 1 and no suggestion. Skipped when the user
+    adds config folders of their own (`--config-dir`, `hydra.searchpath=`).
+    """
+    args = get_args_parser().parse_args(list(argv))
+    try:
+        overrides = OverridesParser.create().parse_overrides(overrides=args.overrides)
+    except HydraException:
+        return  # a syntax error: Hydra explains it
+    if args.config_dir or any(o.key_or_group == "hydra.searchpath" for o in overrides):
+        return
+    for override in overrides:
+        if override.key_or_group not in GROUP_DIRS or override.type is OverrideType.DEL:
+            continue
+        options = group_options(override.key_or_group)
+        for choice in _group_choices(override):
+            if choice not in options:
+                raise LayoutSearchError(
+                    unknown_name_message(override.key_or_group, choice, options)
+                )
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="layoutsearch")
+def _app(cfg: DictConfig) -> None:
+    config = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))  # keys are str
+    try:
+        run(config, Path(HydraConfig.get().runtime.output_dir))
+    except LayoutSearchError as error:
+        _fail(error)
+
+
+def main() -> None:
+    """Console-script entry point (`layoutsearch ...`)."""
+    try:
+        check_group_choices(sys.argv[1:])
+    except LayoutSearchError as error:
+        _fail(error)
+    _app()
+
+
+if __name__ == "__main__":
+    main()

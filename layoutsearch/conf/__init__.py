@@ -1,0 +1,1 @@
+"""Hydra configs of the `layoutsearch` command: the primary config and the `driver` group."""
