@@ -19,7 +19,7 @@ from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
 from layoutsearch.costs import CostModel, build_cost_model
 from layoutsearch.drivers import Driver, build_driver
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.measurements import validate_measurements
+from layoutsearch.measurements import read_table, validate_measurements
 from layoutsearch.problem import SearchProblem
 from layoutsearch.results import no_fit_message, rank
 from layoutsearch.rules import violations
@@ -116,15 +116,14 @@ def predict(
     """
     if isinstance(frame, str | Path):
         source = str(frame)
-        parquet = str(frame).endswith((".parquet", ".pq"))
-        frame = pd.read_parquet(frame) if parquet else pd.read_csv(frame)
+        frame = read_table(frame)
     else:
         source = "frame"
     rows = validate_measurements(frame, source=source)
     clusters = dict(clusters or clusters_by_gpu())
     rule_reason = violations(rows, clusters)
     scored = build_cost_model(cost_model).score(rows, clusters)
-    out = frame.reset_index(drop=True).copy()
+    out = frame.copy()  # the caller's index and columns stay as they were
     out["predicted_mfu"] = scored["mfu"].to_numpy()
     out["predicted_step_time_s"] = scored["step_time_s"].to_numpy()
     out["predicted_peak_memory_gib"] = scored["peak_memory_gib"].to_numpy()

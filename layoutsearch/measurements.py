@@ -132,13 +132,16 @@ def _check_values(t: pd.DataFrame, source: str) -> None:
                     f"does not equal num_gpus={r.num_gpus}")
 
 
-def read_measurements(path: str | Path) -> pd.DataFrame:
-    """Read and validate a measurement file (CSV, or Parquet by its suffix)."""
+def read_table(path: str | Path) -> pd.DataFrame:
+    """A measurement file as it is, unvalidated (CSV, or Parquet by its suffix)."""
     path = Path(path)
     if not path.is_file():
         raise LayoutSearchError(f"measurement file {str(path)!r} does not exist")
     if path.suffix.lower() in (".parquet", ".pq"):
-        frame = pd.read_parquet(path)
-    else:
-        frame = pd.read_csv(path)
-    return validate_measurements(frame, source=str(path))
+        return pd.read_parquet(path)
+    return pd.read_csv(path)
+
+
+def read_measurements(path: str | Path) -> pd.DataFrame:
+    """Read and validate a measurement file (CSV, or Parquet by its suffix)."""
+    return validate_measurements(read_table(path), source=str(path))

@@ -27,6 +27,28 @@ def rank(scored: pd.DataFrame) -> pd.DataFrame:
     return order[first + rest].reset_index(drop=True)
 
 
+def _rule_summary(reasons: pd.Series, top: int = 3) -> str:
+    """The rules that reject most layouts, each with one example and its row count.
+
+    A row may break several rules ("a; b"); rules are told apart by their text without
+    the parenthesized values, so 'global_batch_size (3) must divide by ... (1·8)' and
+    '... (2·8)' count as one rule.
+    """
+    clauses = reasons[reasons != ""].str.split("; ").explode()
+    broken = pd.DataFrame({
+        "row": clauses.index,
+        "rule": clauses.str.replace(r" \([^()]*\)", "", regex=True).to_numpy(),
+        "example": clauses.to_numpy(),
+    }).drop_duplicates(["row", "rule"])
+    counts = broken.groupby("rule", sort=False).agg(
+        layouts=("row", "size"), example=("example", "first")
+    ).sort_values("layouts", ascending=False, kind="stable").head(top)
+    return "; ".join(
+        f"{example} (rejects {layouts} of {len(reasons)} layouts)"
+        for example, layouts in zip(counts["example"], counts["layouts"], strict=True)
+    )
+
+
 def no_fit_message(ranked: pd.DataFrame, job: Job) -> str | None:
     """One sentence on why no candidate is feasible and what to change; None if one is."""
     if ranked["fits"].any():
@@ -34,15 +56,14 @@ def no_fit_message(ranked: pd.DataFrame, job: Job) -> str | None:
     priced = ranked[ranked["peak_memory_gib"].notna()]
     limit = job.cluster.gpu.memory_gib
     if priced.empty:
-        reasons = ranked["reason"].value_counts().head(3)
-        listed = "; ".join(f"{reason} ({count} layouts)" for reason, count in reasons.items())
-        return f"no layout passes the rules: {listed}"
+        return f"no layout passes the rules: {_rule_summary(ranked['reason'])}"
     smallest = priced.iloc[int(priced["peak_memory_gib"].to_numpy().argmin())]
     largest_model_parallel = int((priced["tp"] * priced["pp"] * priced["cp"]).max())
     fixes = ["use more GPUs or GPUs with more memory"]
-    if not priced["distributed_optimizer"].all():
+    # Suggest only what the space did not already try.
+    if not priced["distributed_optimizer"].any():
         fixes.append("enable distributed_optimizer")
-    if set(priced["recompute"]) != {"full"}:
+    if "full" not in set(priced["recompute"]):
         fixes.append("allow recompute=full")
     if largest_model_parallel < job.num_gpus:
         fixes.append("allow larger tp·pp")

@@ -1,0 +1,224 @@
+"""The public API: search() and predict() behaviour, and every bad input a user can give."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import layoutsearch
+from layoutsearch import LayoutSearchError, ModelSpec, NoLayoutFitsWarning, predict, search
+from layoutsearch.layout import LAYOUT_COLUMNS
+
+JOB: dict[str, Any] = dict(model="llama_13b", cluster="a100_80gb", num_gpus=64,
+                           seq_length=2048, global_batch_size=2048)
+
+
+def raises_user_error(match: str, **arguments: Any) -> pytest.ExceptionInfo[LayoutSearchError]:
+    """search(**JOB | arguments) fails with the user-facing error, raised by layoutsearch."""
+    with pytest.raises(LayoutSearchError, match=match) as error:
+        search(**{**JOB, **arguments})
+    assert type(error.value) is LayoutSearchError
+    # Raised by our own validation, not by pandas or numpy deep inside a formula.
+    assert "/layoutsearch/" in str(error.traceback[-1].path)
+    return error
+
+
+@pytest.fixture(scope="module")
+def ranked() -> pd.DataFrame:
+    return search(**JOB)
+
+
+# search(): the ranked table
+
+def test_result_has_the_documented_columns(ranked: pd.DataFrame) -> None:
+    expected = [*LAYOUT_COLUMNS, "mfu", "step_time_s", "tokens_per_s", "peak_memory_gib",
+                "fits", "reason"]
+    assert list(ranked.columns[: len(expected)]) == expected
+    assert any(c.startswith("time_") and c.endswith("_s") for c in ranked.columns)
+    assert any(c.startswith("memory_") and c.endswith("_gib") for c in ranked.columns)
+    assert len(ranked) == 2240  # the paper space for 64 GPUs (see test_space.py)
+    assert list(ranked.index) == list(range(len(ranked)))
+
+
+def test_result_is_sorted_feasible_first_by_mfu(ranked: pd.DataFrame) -> None:
+    fits = ranked["fits"].to_numpy()
+    assert fits.any() and not fits.all()
+    first_infeasible = int(np.argmin(fits))
+    assert fits[:first_infeasible].all() and not fits[first_infeasible:].any()
+    feasible_mfu = ranked.loc[ranked["fits"], "mfu"].to_numpy()
+    assert (np.diff(feasible_mfu) <= 0).all()
+    assert (ranked.loc[ranked["fits"], "reason"] == "").all()
+    assert (ranked.loc[~ranked["fits"], "reason"] != "").all()  # infeasible rows say why
+    assert (ranked["tokens_per_s"].dropna() > 0).all()
+
+
+def test_infeasible_rows_keep_rule_reasons(ranked: pd.DataFrame) -> None:
+    row = ranked[(ranked["tp"] == 8) & (ranked["pp"] == 16)].iloc[0]
+    assert not row["fits"]
+    assert "tp·pp·cp (128) must divide num_gpus (64)" in row["reason"]
+    assert np.isnan(row["mfu"])  # rule-breaking rows are never priced
+
+
+def test_overrides_pin_knobs_and_change_model_fields(ranked: pd.DataFrame) -> None:
+    pinned = search(**JOB, tp=2, attention=["flash2", "fused"])
+    assert set(pinned["tp"]) == {2} and set(pinned["attention"]) == {"flash2", "fused"}
+    bigger = search(**JOB, vocab_size=128000)
+    assert (bigger["vocab_size"] == 128000).all()
+    keys = list(LAYOUT_COLUMNS)
+    both = ranked.merge(bigger, on=keys, suffixes=("", "_big"))
+    priced = both["peak_memory_gib"].notna()
+    assert (both.loc[priced, "peak_memory_gib_big"] > both.loc[priced, "peak_memory_gib"]).all()
+
+
+def test_search_takes_specs_and_space_mappings() -> None:
+    model = layoutsearch.load_model("llama_13b")
+    result = search(**{**JOB, "model": model},
+                    search_space={"tp": [1, 2], "pp": [1], "micro_batch_size": [1],
+                                  "attention": ["flash2"], "recompute": ["none"]})
+    # 2 tp x 2 sp x 2 rmsnorm, minus the sp twin at tp 1 for each rmsnorm value.
+    assert len(result) == 2 * 2 * 2 - 2
+    assert result.attrs["message"] == "" and result.attrs["job"].model == model
+
+
+def test_nothing_fits_warns_with_a_suggestion() -> None:
+    with pytest.warns(NoLayoutFitsWarning, match=r"no layout fits.*use more GPUs") as record:
+        result = search(model="llama3_405b", cluster="a100_80gb", num_gpus=8,
+                        seq_length=2048, global_batch_size=64)
+    assert not result["fits"].any()
+    assert result.attrs["message"] == str(record[0].message)
+    # The space already allows recompute=full: the message must not suggest it.
+    assert "allow recompute=full" not in result.attrs["message"]
+
+
+def test_a_global_batch_no_layout_can_divide() -> None:
+    # 256 GPUs: tp·pp is at most 8·16 = 128, so dp >= 2 and 3 sequences never split evenly.
+    with pytest.warns(NoLayoutFitsWarning, match=r"no layout passes the rules") as record:
+        result = search(**{**JOB, "num_gpus": 256, "global_batch_size": 3})
+    assert not result["fits"].any()
+    assert result["reason"].str.contains(r"global_batch_size \(3\) must divide").all()
+    message = str(record[0].message)
+    assert "global_batch_size (3) must divide by micro_batch_size·dp" in message
+    assert f"rejects {len(result)} of {len(result)} layouts" in message
+
+
+def test_a_feasible_search_does_not_warn() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoLayoutFitsWarning)
+        search(**JOB, tp=1, pp=1, micro_batch_size=1, attention="flash2")
+
+
+# search(): bad input
+
+@pytest.mark.parametrize(
+    ("argument", "value", "closest"),
+    [("model", "llama13b", "llama_13b"), ("cluster", "a100_80", "a100_80gb"),
+     ("search_space", "papr", "paper"), ("driver", "gird", "grid")],
+)
+def test_unknown_names_list_valid_ones(argument: str, value: str, closest: str) -> None:
+    error = raises_user_error(rf"unknown .*'{value}'; did you mean '{closest}'\? valid ",
+                              **{argument: value})
+    assert closest in str(error.value).split("valid")[-1]
+
+
+def test_unknown_cost_model() -> None:
+    raises_user_error(r"unknown cost model 'nope'.*analytic", cost_model="nope")
+
+
+@pytest.mark.parametrize("field", ["num_gpus", "seq_length", "global_batch_size"])
+@pytest.mark.parametrize("value", [0, -64, 64.0, "64"])
+def test_job_sizes_must_be_positive_integers(field: str, value: object) -> None:
+    raises_user_error(rf"job\.{field}={value!r}: must be a positive integer", **{field: value})
+
+
+def test_gpus_must_fill_whole_nodes() -> None:
+    raises_user_error(r"job\.num_gpus=12: must be a whole number of nodes of 8 GPUs.*try 8 or 16",
+                      num_gpus=12)
+
+
+def test_model_shapes_are_checked() -> None:
+    with pytest.raises(LayoutSearchError, match=r"hidden_size \(1000\) must divide by "
+                                                r"num_attention_heads \(16\)"):
+        ModelSpec(name="odd", num_layers=4, hidden_size=1000, ffn_hidden_size=4000,
+                  num_attention_heads=16, vocab_size=32000)
+    raises_user_error(r"hidden_size \(5121\) must divide by num_attention_heads \(40\)",
+                      hidden_size=5121)
+    raises_user_error(r"vocab_size=0: must be a positive integer", vocab_size=0)
+
+
+def test_unknown_override_lists_fields_and_knobs() -> None:
+    error = raises_user_error(r"unknown override vocab=128000: not a model field", vocab=128000)
+    assert "vocab_size" in str(error.value) and "micro_batch_size" in str(error.value)
+    raises_user_error(r"unknown override dp=2", dp=2)
+
+
+@pytest.mark.parametrize(
+    ("pin", "message"),
+    [({"tp": 0}, r"search space tp=0: must be a positive integer"),
+     ({"attention": "flash9"}, r"unknown attention 'flash9'"),
+     ({"recompute": ["sometimes"]}, r"unknown recompute 'sometimes'")],
+)
+def test_bad_knob_values(pin: dict[str, Any], message: str) -> None:
+    raises_user_error(message, **pin)
+
+
+def test_bad_search_space_mapping() -> None:
+    raises_user_error(r"unknown knob 'dp'", search_space={"dp": [1, 2]})
+
+
+# predict()
+
+@pytest.fixture
+def measured(measurement_row: dict[str, Any]) -> pd.DataFrame:
+    rows = [
+        measurement_row,
+        {**measurement_row, "tp": 8, "pp": 8, "dp": 1, "status": "oom", "step_time_s": None,
+         "mfu": None},  # all 64 GPUs model-parallel, dp 1
+        {**measurement_row, "tp": 4, "dp": 16, "attention": "fused", "micro_batch_size": 2},
+        {**measurement_row, "tp": 8, "dp": 8, "attention": "flash3", "note": "extra"},
+    ]
+    return pd.DataFrame(rows, index=[10, 11, 12, 13])
+
+
+def test_predict_adds_columns_and_changes_nothing(measured: pd.DataFrame) -> None:
+    given = measured.copy()
+    out = predict(measured)
+    pd.testing.assert_frame_equal(measured, given)  # the input is not mutated
+    pd.testing.assert_frame_equal(out[list(given.columns)], given)  # nor are its columns
+    new = [c for c in out.columns if c not in given.columns]
+    assert new[:4] == ["predicted_mfu", "predicted_step_time_s", "predicted_peak_memory_gib",
+                       "predicted_fits"]
+    assert out["predicted_fits"].dtype == bool
+    # flash3 on an A100 breaks a rule: not fitting, and the reason says why.
+    assert not out.loc[13, "predicted_fits"]
+    assert "flash3 needs a Hopper GPU" in out.loc[13, "predicted_reason"]
+    assert out.loc[10, "predicted_mfu"] > 0
+
+
+def test_predict_reads_a_file(tmp_path: Path, measured: pd.DataFrame) -> None:
+    path = tmp_path / "runs.csv"
+    measured.to_csv(path, index=False)
+    out = predict(path)
+    assert len(out) == len(measured)
+    assert list(out["tp"]) == list(measured["tp"])
+    np.testing.assert_allclose(out["predicted_mfu"], predict(measured)["predicted_mfu"])
+
+
+def test_predict_names_row_and_column_of_a_bad_value(measured: pd.DataFrame) -> None:
+    measured = measured.astype({"micro_batch_size": object})
+    measured.loc[12, "micro_batch_size"] = "two"
+    with pytest.raises(LayoutSearchError,
+                       match=r"frame: row 4, column 'micro_batch_size': 'two' is not a positive"):
+        predict(measured)
+    with pytest.raises(LayoutSearchError, match=r"measurement file '/no/such.csv' does not exist"):
+        predict("/no/such.csv")
+
+
+def test_predict_unknown_gpu(measured: pd.DataFrame) -> None:
+    measured.loc[11, "gpu"] = "b300"
+    with pytest.raises(LayoutSearchError, match=r"unknown gpu 'b300'"):
+        predict(measured)
