@@ -1,0 +1,47 @@
+"""Megatron-LM backend: layouts as command lines, launchers, and the log parser.
+
+Only this package knows Megatron-LM's flag names and log formats (DESIGN.md).
+
+    from layoutsearch.megatron import build_command, validate_argv, parse_log
+    command = build_command(layout, job)
+"""
+
+from __future__ import annotations
+
+from layoutsearch.megatron.args import MegatronCommand, build_command, command_of_row, job_of_row
+from layoutsearch.megatron.emit import with_megatron_args, write_launch_scripts
+from layoutsearch.megatron.launchers import (
+    DryRunLauncher,
+    Launcher,
+    LocalLauncher,
+    SlurmLauncher,
+    Trial,
+    TrialLog,
+    build_launcher,
+)
+from layoutsearch.megatron.logs import LogResult, parse_log
+from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
+from layoutsearch.megatron.validation import Problem, parse_argv, validate_argv
+
+__all__ = [
+    "DryRunLauncher",
+    "Launcher",
+    "LocalLauncher",
+    "LogResult",
+    "MegatronCommand",
+    "MegatronSettings",
+    "Problem",
+    "SlurmLauncher",
+    "Trial",
+    "TrialLog",
+    "build_command",
+    "build_launcher",
+    "command_of_row",
+    "job_of_row",
+    "parse_argv",
+    "parse_log",
+    "resolve_settings",
+    "validate_argv",
+    "with_megatron_args",
+    "write_launch_scripts",
+]

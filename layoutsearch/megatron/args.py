@@ -1,0 +1,256 @@
+"""A layout of a job as the exact `pretrain_gpt.py` command line of Megatron-LM, and its env.
+
+This is the only module that knows Megatron-LM's flag names (DESIGN.md). Each flag was
+checked against `megatron/training/arguments.py` of NVIDIA/Megatron-LM (2025-2026 main);
+`validation.py` parses the argv back with those definitions and applies Megatron's rules.
+The result is an argv list, never a shell string; scripts quote it with `shlex`.
+
+    command = build_command(Layout(tp=2, pp=4, dp=16, rmsnorm_kernel=True), job)
+    command.argv, command.env, command.notes
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from layoutsearch.costs.constants import load_constants
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.layout import Layout
+from layoutsearch.megatron.settings import MegatronSettings
+from layoutsearch.specs import ClusterSpec, Job, ModelSpec
+
+FLASH_KERNELS = ("flash2", "flash3")
+"""Kernels Megatron-LM selects with `--attention-backend flash`: Transformer Engine's
+FlashAttention path, which runs FlashAttention 2, or 3 where `flash_attn_interface` is
+installed on Hopper. Which of the two runs is decided by what is installed, not by a flag."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MegatronCommand:
+    """One trial of Megatron-LM: the training script's argv, its environment, and caveats."""
+
+    argv: tuple[str, ...]
+    """Arguments of `pretrain_gpt.py` (the script itself not included)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment variables the run needs."""
+    notes: tuple[str, ...] = ()
+    """Where the command cannot express the layout exactly (the run would measure another)."""
+    num_gpus: int = 1
+    gpus_per_node: int = 8
+
+    @property
+    def nodes(self) -> int:
+        return max(1, -(-self.num_gpus // self.gpus_per_node))
+
+    @property
+    def nproc_per_node(self) -> int:
+        return min(self.num_gpus, self.gpus_per_node)
+
+    @property
+    def exact(self) -> bool:
+        """True when the command runs the layout as asked (no caveats)."""
+        return not self.notes
+
+    def shell(self) -> str:
+        """The argv quoted for a shell (for display and scripts)."""
+        return shlex.join(self.argv)
+
+
+@lru_cache(maxsize=8)
+def _analytic_gradient_bytes() -> dict[str, float]:
+    return {gpu: c.gradient_bytes for gpu, c in load_constants("analytic").items()}
+
+
+def _grad_reduce_in_bf16(settings: MegatronSettings, gpu: str) -> bool:
+    # The analytic model prices the data-parallel reduce at `gradient_bytes` per value; a
+    # measured run must do the same, so by default the flag follows the constant.
+    if settings.grad_reduce_in_bf16 is not None:
+        return settings.grad_reduce_in_bf16
+    return _analytic_gradient_bytes().get(gpu, 2.0) == 2.0
+
+
+def _model_args(model: ModelSpec, seq_length: int) -> list[str]:
+    # arguments.py::_add_network_size_args / _add_training_args.
+    argv = [
+        "--num-layers", str(model.num_layers),
+        "--hidden-size", str(model.hidden_size),
+        "--ffn-hidden-size", str(model.ffn_hidden_size),
+        "--num-attention-heads", str(model.num_attention_heads),
+        "--seq-length", str(seq_length),
+        # validate_args: max_position_embeddings >= seq_length (unused by rope).
+        "--max-position-embeddings", str(max(seq_length, model.max_position_embeddings)),
+        "--position-embedding-type", model.position_embedding_type,
+        "--normalization", model.normalization,
+    ]
+    if model.query_groups != model.num_attention_heads:
+        argv += ["--group-query-attention", "--num-query-groups", str(model.query_groups)]
+    if model.swiglu:
+        argv.append("--swiglu")
+    if model.untie_embeddings:
+        argv.append("--untie-embeddings-and-output-weights")
+    if not model.add_bias_linear:
+        argv.append("--disable-bias-linear")
+    return argv
+
+
+def _parallel_args(layout: Layout, model: ModelSpec) -> list[str]:
+    # arguments.py::_add_distributed_args; SP at tp=1 is switched off by validate_args with a
+    # warning, so it is not emitted there.
+    argv = [
+        "--tensor-model-parallel-size", str(layout.tp),
+        "--pipeline-model-parallel-size", str(layout.pp),
+    ]
+    if layout.cp > 1:
+        argv += ["--context-parallel-size", str(layout.cp)]
+    if layout.vp > 1:
+        argv += ["--num-layers-per-virtual-pipeline-stage",
+                 str(model.num_layers // (layout.pp * layout.vp))]
+    if layout.sequence_parallel and layout.tp > 1:
+        argv.append("--sequence-parallel")
+    return argv
+
+
+def _recompute_args(layout: Layout) -> list[str]:
+    # arguments.py::_add_training_args: --recompute-granularity {full,selective},
+    # --recompute-method {uniform,block}, --recompute-num-layers, --recompute-modules
+    # (nargs='*', default core_attn). TransformerConfig.__post_init__ requires a method and
+    # a layer count with `full`, and neither with `selective`.
+    if layout.recompute == "full":
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                "--recompute-num-layers", "1"]
+    if layout.recompute == "selective":
+        return ["--recompute-granularity", "selective", "--recompute-modules", "core_attn"]
+    if layout.recompute == "mlp":
+        return ["--recompute-granularity", "selective", "--recompute-modules", "mlp"]
+    return []
+
+
+def _kernel_args(layout: Layout) -> tuple[list[str], dict[str, str], list[str]]:
+    """Attention backend and RMSNorm implementation: argv, env and caveats.
+
+    Megatron-LM offers two layer implementations (`--transformer-impl`). `transformer_engine`
+    fuses RMSNorm into the following linear layer (TE's fused kernel, the analogue of the
+    study's RMSNorm kernel) and picks the attention kernel by `--attention-backend`
+    (AttnBackend: flash, fused = cuDNN, unfused, local, auto). `local` uses PyTorch's
+    RMSNorm and Megatron's own DotProductAttention with its fused scale-mask-softmax kernel
+    (`--no-masked-softmax-fusion` turns it off), but no FlashAttention.
+    """
+    argv: list[str] = []
+    env: dict[str, str] = {}
+    notes: list[str] = []
+    flash = layout.attention in (*FLASH_KERNELS, "flash1")
+    if flash or layout.rmsnorm_kernel:
+        argv += ["--transformer-impl", "transformer_engine"]
+        if flash:
+            argv += ["--attention-backend", "flash"]
+        else:
+            # TE's unfused attention materializes the scores and uses TE's port of
+            # Megatron's fused scale-mask-softmax, switched by NVTE_MASKED_SOFTMAX_FUSION.
+            argv += ["--attention-backend", "unfused"]
+            if layout.attention == "torch":
+                env["NVTE_MASKED_SOFTMAX_FUSION"] = "0"
+                argv.append("--no-masked-softmax-fusion")
+        if layout.attention == "flash1":
+            notes.append(
+                "flash1 cannot be selected in current Megatron-LM: Transformer Engine needs "
+                "flash-attn >= 2, so --attention-backend flash runs FlashAttention 2"
+            )
+        if not layout.rmsnorm_kernel:
+            notes.append(
+                "rmsnorm_kernel=false cannot be expressed with FlashAttention in Megatron-LM: "
+                "its Transformer Engine layers always use TE's fused RMSNorm"
+            )
+    else:
+        argv += ["--transformer-impl", "local"]
+        if layout.attention == "torch":
+            argv.append("--no-masked-softmax-fusion")
+    return argv, env, notes
+
+
+def build_command(layout: Layout, job: Job,
+                  settings: MegatronSettings | None = None) -> MegatronCommand:
+    """The `pretrain_gpt.py` argv and environment that train `job` with `layout`."""
+    settings = settings or MegatronSettings()
+    model = job.model
+    if layout.dp * layout.model_parallel_size != job.num_gpus:
+        raise LayoutSearchError(
+            f"layout tp·pp·cp·dp = {layout.tp}·{layout.pp}·{layout.cp}·{layout.dp} does not "
+            f"equal num_gpus={job.num_gpus}; no Megatron-LM command can run it"
+        )
+    kernels, env, notes = _kernel_args(layout)
+    argv = [
+        *_model_args(model, job.seq_length),
+        *_parallel_args(layout, model),
+        "--micro-batch-size", str(layout.micro_batch_size),
+        "--global-batch-size", str(job.global_batch_size),
+        *_recompute_args(layout),
+        *kernels,
+        "--bf16",
+    ]
+    if _grad_reduce_in_bf16(settings, job.cluster.gpu.name):
+        argv.append("--grad-reduce-in-bf16")
+    if layout.distributed_optimizer:
+        argv.append("--use-distributed-optimizer")
+        if settings.overlap_grad_reduce:
+            argv.append("--overlap-grad-reduce")
+            if settings.overlap_param_gather:
+                argv.append("--overlap-param-gather")
+    elif settings.overlap_grad_reduce:
+        argv.append("--overlap-grad-reduce")
+    argv += [
+        # Synthetic data: arguments.py::_add_data_args / _add_tokenizer_args.
+        "--mock-data", "--tokenizer-type", "NullTokenizer",
+        "--vocab-size", str(model.vocab_size),
+        # A short, log-every-step run without evaluation or checkpoints.
+        "--train-iters", str(settings.train_iters),
+        "--log-interval", "1", "--log-throughput",
+        "--eval-iters", "0", "--eval-interval", str(settings.train_iters + 1),
+        "--lr", repr(float(settings.lr)), "--min-lr", "0.0",
+        *settings.extra_args,
+    ]
+    # validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP before Blackwell, so
+    # that TP communication kernels are scheduled ahead of the compute they overlap with.
+    if layout.tp > 1 or layout.cp > 1:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    return MegatronCommand(
+        argv=tuple(argv), env={**env, **settings.env}, notes=tuple(notes),
+        num_gpus=job.num_gpus, gpus_per_node=job.cluster.gpus_per_node,
+    )
+
+
+def job_of_row(row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec]) -> Job:
+    """The job of a candidate or measurement-schema row (its model, GPUs and batch)."""
+    gpu = str(row["gpu"])
+    if gpu not in clusters:
+        raise LayoutSearchError(f"gpu {gpu!r} is not in the cluster catalog")
+
+    def _int(name: str) -> int:
+        return int(row[name])
+
+    model = ModelSpec(
+        name=str(row["model"]),
+        num_layers=_int("num_layers"),
+        hidden_size=_int("hidden_size"),
+        ffn_hidden_size=_int("ffn_hidden_size"),
+        num_attention_heads=_int("num_attention_heads"),
+        num_query_groups=_int("num_query_groups"),
+        vocab_size=_int("vocab_size"),
+        swiglu=bool(row["swiglu"]),
+        untie_embeddings=bool(row["untie_embeddings"]),
+        normalization=str(row.get("normalization", "RMSNorm")),
+    )
+    cluster = clusters[gpu]
+    if "gpus_per_node" in row and int(row["gpus_per_node"]) != cluster.gpus_per_node:
+        cluster = cluster.replace(gpus_per_node=_int("gpus_per_node"))
+    return Job(model=model, cluster=cluster, num_gpus=_int("num_gpus"),
+               seq_length=_int("seq_length"), global_batch_size=_int("global_batch_size"))
+
+
+def command_of_row(row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec],
+                   settings: MegatronSettings | None = None) -> MegatronCommand:
+    """`build_command` for one row of a candidate or measurement table."""
+    return build_command(Layout.from_row(row), job_of_row(row, clusters), settings)

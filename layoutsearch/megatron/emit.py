@@ -1,0 +1,72 @@
+"""Megatron-LM commands for ranked results: a `megatron_args` column and launch scripts.
+
+    ranked = with_megatron_args(ranked, job)                  # adds megatron_args
+    paths = write_launch_scripts(ranked, job, "out", top_k=5)  # one script per layout
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.layout import LAYOUT_COLUMNS, Layout
+from layoutsearch.megatron.args import MegatronCommand, build_command
+from layoutsearch.megatron.scripts import write_script
+from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
+from layoutsearch.specs import Job
+
+SettingsSpec = str | Path | Mapping[str, Any] | MegatronSettings | None
+
+
+def _command(row: Mapping[str, Any], job: Job, settings: MegatronSettings,
+             ) -> MegatronCommand | None:
+    layout = Layout.from_row(row)
+    if layout.dp <= 0 or layout.dp * layout.model_parallel_size != job.num_gpus:
+        return None  # the rules reject such rows; there is no command for them
+    return build_command(layout, job, settings)
+
+
+def with_megatron_args(ranked: pd.DataFrame, job: Job, settings: SettingsSpec = None,
+                       ) -> pd.DataFrame:
+    """`ranked` with `megatron_args`: the `pretrain_gpt.py` arguments of each row, quoted.
+
+    Rows whose tp·pp·cp does not divide the GPUs get "". Identical layouts share one build.
+    """
+    resolved = resolve_settings(settings)
+    columns = [c for c in LAYOUT_COLUMNS if c in ranked.columns]
+    cache: dict[tuple[Any, ...], str] = {}
+    out: list[str] = []
+    for values in ranked[columns].itertuples(index=False, name=None):
+        if values not in cache:
+            command = _command(dict(zip(columns, values, strict=True)), job, resolved)
+            cache[values] = command.shell() if command else ""
+        out.append(cache[values])
+    result = ranked.copy()
+    result["megatron_args"] = out
+    return result
+
+
+def write_launch_scripts(ranked: pd.DataFrame, job: Job, out_dir: str | Path,
+                         top_k: int = 5, settings: SettingsSpec = None) -> list[Path]:
+    """Launch scripts for the `top_k` best feasible rows: torchrun (one node) or sbatch."""
+    if top_k <= 0:
+        raise LayoutSearchError(f"top_k={top_k!r}: must be a positive integer")
+    resolved = resolve_settings(settings)
+    feasible = ranked[ranked["fits"].astype(bool)] if "fits" in ranked.columns else ranked
+    paths: list[Path] = []
+    for rank, (_, row) in enumerate(feasible.head(top_k).iterrows(), start=1):
+        command = _command(row, job, resolved)
+        if command is None:
+            continue
+        layout = Layout.from_row(row)
+        name = f"{rank:02d}_" + layout.describe().replace(" ", "_").replace("=", "-") \
+            .replace("+", "-")
+        mfu = row.get("mfu")
+        label = f"rank {rank}: {layout.describe()}" + (
+            f" (predicted MFU {float(mfu):.3f})" if mfu is not None and pd.notna(mfu) else "")
+        paths.append(write_script(command, resolved, Path(out_dir) / f"{name}.sh", label))
+    return paths

@@ -1,0 +1,165 @@
+"""Run one Megatron-LM trial: write its script (dry run), run torchrun here, or on Slurm.
+
+A launcher takes a `Trial` (a command, a name, a log path) and returns a `TrialLog`: the
+combined output, the exit status and whether the time limit killed it. `logs.parse_log`
+turns that into a status and figures; launchers never interpret output.
+
+    launcher = build_launcher(settings)
+    outcome = launcher.run(Trial(name="tp2_pp4", command=command, log_path=path))
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.megatron.args import MegatronCommand
+from layoutsearch.megatron.scripts import torchrun_argv, write_script
+from layoutsearch.megatron.settings import MegatronSettings
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Trial:
+    name: str
+    """A file-name-safe label of the layout."""
+    command: MegatronCommand
+    log_path: Path
+    """Where the trial's combined stdout and stderr go."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialLog:
+    text: str
+    """Combined stdout and stderr ("" when nothing ran)."""
+    returncode: int | None
+    """Exit status; None when nothing ran (dry run)."""
+    timed_out: bool = False
+    ran: bool = True
+    """False for a dry run: a script was written, nothing measured."""
+
+
+class Launcher(Protocol):
+    name: str
+
+    def run(self, trial: Trial) -> TrialLog: ...
+
+
+class DryRunLauncher:
+    """Writes each trial's launch script next to its log path and runs nothing."""
+
+    name = "dry_run"
+
+    def __init__(self, settings: MegatronSettings) -> None:
+        self.settings = settings
+
+    def run(self, trial: Trial) -> TrialLog:
+        path = write_script(trial.command, self.settings, trial.log_path.with_suffix(".sh"),
+                            label=trial.name)
+        return TrialLog(text=f"dry run: wrote {path}", returncode=None, ran=False)
+
+
+class LocalLauncher:
+    """torchrun as a subprocess on this node, with a wall-clock limit and a log per trial."""
+
+    name = "local"
+
+    def __init__(self, settings: MegatronSettings) -> None:
+        self.settings = settings
+
+    def run(self, trial: Trial) -> TrialLog:
+        command = trial.command
+        if command.nodes > 1:
+            return TrialLog(
+                text=f"error: the local launcher runs one node; this layout needs "
+                f"{command.nodes} nodes of {command.gpus_per_node} GPUs (use launcher=slurm)",
+                returncode=2)
+        argv = torchrun_argv(command, self.settings)
+        trial.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **command.env}
+        with trial.log_path.open("w") as log:
+            try:
+                # A session of its own, so that a timeout kills torchrun and every rank.
+                process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                           cwd=self.settings.megatron_path,
+                                           start_new_session=True)
+            except OSError as error:
+                log.write(f"error: cannot start {argv[0]!r}: {error}\n")
+                return TrialLog(text=f"error: cannot start {argv[0]!r}: {error}", returncode=127)
+            timed_out = False
+            try:
+                returncode: int | None = process.wait(timeout=self.settings.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                os.killpg(process.pid, signal.SIGKILL)
+                returncode = process.wait()
+        return TrialLog(text=trial.log_path.read_text(errors="replace"),
+                        returncode=returncode, timed_out=timed_out)
+
+
+def _run_node(argv: list[str], env: dict[str, str], cwd: str) -> int:
+    """One Slurm task: torchrun on this node, rendezvous from Slurm's variables."""
+    nodes = os.environ.get("SLURM_JOB_NODELIST", "localhost")
+    master = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True,
+                            text=True, check=False).stdout.split() or ["localhost"]
+    rendezvous = ["--rdzv_backend", "c10d", "--rdzv_id", os.environ.get("SLURM_JOB_ID", "0"),
+                  "--rdzv_endpoint", f"{master[0]}:{env.get('MASTER_PORT', '29500')}"]
+    full = [*argv[:argv.index("--node_rank")], *rendezvous, *argv[argv.index("--master_port") + 2:]]
+    return subprocess.run(full, env={**os.environ, **env}, cwd=cwd, check=False).returncode
+
+
+class SlurmLauncher:
+    """One Slurm job per trial through submitit (the optional `slurm` extra)."""
+
+    name = "slurm"
+
+    def __init__(self, settings: MegatronSettings,
+                 executor_factory: Callable[[Path], Any] | None = None) -> None:
+        self.settings = settings
+        if executor_factory is None:
+            try:
+                import submitit
+            except ImportError:
+                raise LayoutSearchError(
+                    "launcher=slurm needs submitit: pip install 'layoutsearch[slurm]'"
+                ) from None
+            executor_factory = lambda folder: submitit.AutoExecutor(folder=folder)  # noqa: E731
+        self.executor_factory = executor_factory
+
+    def run(self, trial: Trial) -> TrialLog:
+        command = trial.command
+        folder = trial.log_path.with_suffix("")
+        executor = self.executor_factory(folder)
+        executor.update_parameters(
+            nodes=command.nodes, tasks_per_node=1, gpus_per_node=command.nproc_per_node,
+            timeout_min=max(1, int(self.settings.timeout_s // 60)),
+            name=trial.name, **dict(self.settings.slurm))
+        env = {**command.env, "MASTER_PORT": str(self.settings.master_port)}
+        job = executor.submit(_run_node, torchrun_argv(command, self.settings), env,
+                              self.settings.megatron_path)
+        timed_out, returncode = False, None
+        try:
+            results = job.results()
+            returncode = max(int(r) for r in results) if results else 1
+        except Exception as error:  # submitit raises on a failed or timed-out job
+            timed_out = "TIMEOUT" in str(getattr(job, "state", "")) or "timed out" in str(error)
+            returncode = 1
+        texts = [job.stdout() or "", job.stderr() or ""]
+        text = "\n".join(t for t in texts if t)
+        trial.log_path.parent.mkdir(parents=True, exist_ok=True)
+        trial.log_path.write_text(text)
+        return TrialLog(text=text, returncode=returncode, timed_out=timed_out)
+
+
+LAUNCHER_TYPES: dict[str, Callable[[MegatronSettings], Launcher]] = {
+    "dry_run": DryRunLauncher, "local": LocalLauncher, "slurm": SlurmLauncher,
+}
+
+
+def build_launcher(settings: MegatronSettings) -> Launcher:
+    return LAUNCHER_TYPES[settings.launcher](settings)

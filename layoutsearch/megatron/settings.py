@@ -1,0 +1,135 @@
+"""How layoutsearch launches Megatron-LM: checkout, Python, launcher, extra flags, environment.
+
+The values live in `cost_models/megatron.yaml` (or any YAML of the same shape) so that a
+user points layoutsearch at their own checkout and cluster without touching code.
+
+    settings = MegatronSettings.load("megatron")
+    settings = MegatronSettings.from_dict({"megatron_path": "/opt/Megatron-LM"})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from layoutsearch.costs.constants import constants_path
+from layoutsearch.errors import LayoutSearchError
+
+LAUNCHERS = ("dry_run", "local", "slurm")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MegatronSettings:
+    """Where Megatron-LM lives and how one trial is run."""
+
+    megatron_path: str = "Megatron-LM"
+    """The Megatron-LM checkout (the folder that holds `pretrain_gpt.py`)."""
+    script: str = "pretrain_gpt.py"
+    """The training script, relative to `megatron_path`."""
+    python: str = "python"
+    """The Python that runs torchrun (`python -m torch.distributed.run`)."""
+    torchrun: tuple[str, ...] = ()
+    """The launcher command; empty means `<python> -m torch.distributed.run`."""
+    launcher: str = "local"
+    """`dry_run` (write scripts), `local` (torchrun on this node) or `slurm` (submitit)."""
+    train_iters: int = 10
+    """Training iterations per trial: enough to average after the warm-up."""
+    warmup_iters: int = 3
+    """Logged iterations dropped before averaging (allocator, NCCL and kernel warm-up)."""
+    timeout_s: float = 1800.0
+    """Wall-clock limit of one trial; a trial past it is killed and recorded as `timeout`."""
+    master_port: int = 29500
+    """Rendezvous port of torchrun."""
+    overlap_grad_reduce: bool = True
+    """`--overlap-grad-reduce`: overlap the data-parallel gradient reduce with backward."""
+    overlap_param_gather: bool = True
+    """`--overlap-param-gather` (needs the distributed optimizer and overlap_grad_reduce)."""
+    grad_reduce_in_bf16: bool | None = None
+    """`--grad-reduce-in-bf16`; None follows the analytic model's `gradient_bytes` (2 = bf16)."""
+    lr: float = 1.0e-4
+    """Learning rate of the short trial (irrelevant to speed, required by Megatron-LM)."""
+    extra_args: tuple[str, ...] = ()
+    """Flags appended to every command line, e.g. `--use-flash-attn` never (deprecated)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment added to every trial (NCCL settings, PYTHONPATH ...)."""
+    log_dir: str = "megatron_logs"
+    """Where the local and Slurm launchers keep one log per trial."""
+    slurm: Mapping[str, Any] = field(default_factory=dict)
+    """Extra submitit/Slurm parameters (`slurm_partition`, `slurm_account`, ...)."""
+
+    def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise LayoutSearchError(
+                f"megatron.launcher={self.launcher!r}: must be one of {', '.join(LAUNCHERS)}"
+            )
+        for name in ("train_iters", "master_port"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise LayoutSearchError(f"megatron.{name}={value!r}: must be a positive integer")
+        if not 0 <= self.warmup_iters < self.train_iters:
+            raise LayoutSearchError(
+                f"megatron.warmup_iters={self.warmup_iters!r}: must be >= 0 and below "
+                f"train_iters ({self.train_iters}) so that some iterations are averaged"
+            )
+        if not self.timeout_s > 0:
+            raise LayoutSearchError(f"megatron.timeout_s={self.timeout_s!r}: must be > 0")
+
+    @property
+    def script_path(self) -> Path:
+        return Path(self.megatron_path) / self.script
+
+    def launch_prefix(self) -> list[str]:
+        """The torchrun command, before its own options."""
+        return list(self.torchrun) or [self.python, "-m", "torch.distributed.run"]
+
+    def replace(self, **changes: Any) -> MegatronSettings:
+        return dataclasses.replace(self, **_coerce(changes, "megatron settings"))
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], where: str = "megatron settings",
+                  ) -> MegatronSettings:
+        return cls(**_coerce(values, where))
+
+    @classmethod
+    def load(cls, name_or_path: str | Path = "megatron") -> MegatronSettings:
+        """Settings from a `cost_models/` file by name, or from a YAML path."""
+        path = constants_path(name_or_path)
+        with path.open() as handle:
+            return cls.from_dict(yaml.safe_load(handle) or {}, str(path))
+
+
+def _coerce(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    known = {f.name for f in dataclasses.fields(MegatronSettings)}
+    unknown = set(values) - known - {"_target_"}
+    if unknown:
+        raise LayoutSearchError(
+            f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+    out = {k: v for k, v in values.items() if k != "_target_"}
+    for name in ("torchrun", "extra_args"):
+        if name in out:
+            raw = out[name]
+            out[name] = (raw,) if isinstance(raw, str) else tuple(str(v) for v in raw or ())
+    for name in ("env", "slurm"):
+        if name in out:
+            out[name] = {str(k): (str(v) if name == "env" else v)
+                         for k, v in dict(out[name] or {}).items()}
+    return out
+
+
+def resolve_settings(spec: str | Path | Mapping[str, Any] | MegatronSettings | None,
+                     ) -> MegatronSettings:
+    """Settings from a name, a path, a mapping, an instance, or the shipped defaults."""
+    if spec is None:
+        return MegatronSettings.load("megatron")
+    if isinstance(spec, MegatronSettings):
+        return spec
+    if isinstance(spec, Mapping):
+        return MegatronSettings.from_dict(spec)
+    return MegatronSettings.load(spec)

@@ -1,0 +1,244 @@
+"""Megatron-LM's own argument rules, applied to a command line before anything is launched.
+
+The argv is parsed back with the definitions of the flags we emit, copied from
+`megatron/training/arguments.py` (NVIDIA/Megatron-LM main, 2025-2026: same names, types,
+defaults, choices and `dest`s), so a misspelt or removed flag fails here as it would there.
+Then the rules of `validate_args` (arguments.py), `TransformerConfig.__post_init__`
+(megatron/core/transformer/transformer_config.py), the micro-batch calculator and the
+interleaved schedule are checked, each citing where Megatron enforces it.
+
+    problems = validate_argv(command.argv, env=command.env, world_size=64)
+    errors = [p for p in problems if p.severity == "error"]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+DEPRECATED_FLAGS = {
+    # validate_args, "Deprecated arguments": asserted None, or exit() for the first.
+    "--checkpoint-activations": "exits; use --recompute-granularity",
+    "--recompute-activations": "means --recompute-granularity selective",
+    "--batch-size": "use --micro-batch-size",
+    "--model-parallel-size": "use --tensor-model-parallel-size",
+    "--warmup": "use --lr-warmup-fraction",
+    # _add_training_args: kept for compatibility, no effect on MCore models.
+    "--use-flash-attn": "no effect; use --attention-backend flash",
+    # _add_network_size_args: "Deprecated: use --position-embedding-type".
+    "--use-rotary-position-embeddings": "use --position-embedding-type rope",
+    "--no-position-embedding": "use --position-embedding-type",
+}
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                     "shared_experts")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise ValueError(message)
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """The flags layoutsearch emits, defined as in Megatron-LM's arguments.py."""
+    p = _Parser(prog="pretrain_gpt.py", allow_abbrev=False, add_help=False)
+    # _add_network_size_args
+    p.add_argument("--num-layers", type=int)
+    p.add_argument("--hidden-size", type=int)
+    p.add_argument("--ffn-hidden-size", type=int)
+    p.add_argument("--num-attention-heads", type=int)
+    p.add_argument("--attention-backend", default="auto",
+                   choices=["flash", "fused", "unfused", "local", "auto"])
+    p.add_argument("--group-query-attention", action="store_true")
+    p.add_argument("--num-query-groups", type=int, default=1)
+    p.add_argument("--max-position-embeddings", type=int)
+    p.add_argument("--position-embedding-type", default="learned_absolute",
+                   choices=["learned_absolute", "rope", "mrope", "relative", "none"])
+    p.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
+    p.add_argument("--swiglu", action="store_true")
+    p.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    # _add_training_args
+    p.add_argument("--micro-batch-size", type=int)
+    p.add_argument("--global-batch-size", type=int)
+    p.add_argument("--recompute-granularity", choices=["full", "selective"])
+    p.add_argument("--recompute-method", choices=["uniform", "block"])
+    p.add_argument("--recompute-num-layers", type=int)
+    p.add_argument("--recompute-modules", nargs="*", type=str)
+    p.add_argument("--train-iters", type=int)
+    p.add_argument("--log-interval", type=int, default=100)
+    p.add_argument("--no-masked-softmax-fusion", action="store_false",
+                   dest="masked_softmax_fusion")
+    p.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear")
+    p.add_argument("--sequence-parallel", action="store_true")
+    # _add_transformer_engine_args
+    p.add_argument("--transformer-impl", default="transformer_engine",
+                   choices=["local", "transformer_engine"])
+    # _add_mixed_precision_args
+    p.add_argument("--fp16", action="store_true")
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--grad-reduce-in-bf16", action="store_true")
+    # _add_distributed_args
+    p.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    p.add_argument("--num-layers-per-virtual-pipeline-stage", type=int)
+    p.add_argument("--no-overlap-p2p-communication", action="store_false",
+                   dest="overlap_p2p_comm")
+    p.add_argument("--overlap-grad-reduce", action="store_true")
+    p.add_argument("--overlap-param-gather", action="store_true")
+    p.add_argument("--use-distributed-optimizer", action="store_true")
+    p.add_argument("--context-parallel-size", type=int, default=1)
+    p.add_argument("--distributed-timeout-minutes", type=int, default=10)
+    # _add_learning_rate_args
+    p.add_argument("--lr", type=float)
+    p.add_argument("--min-lr", type=float, default=0.0)
+    # _add_validation_args
+    p.add_argument("--eval-iters", type=int, default=100)
+    p.add_argument("--eval-interval", type=int, default=1000)
+    # _add_data_args / _add_tokenizer_args
+    p.add_argument("--mock-data", action="store_true")
+    p.add_argument("--data-path", nargs="*")
+    p.add_argument("--seq-length", type=int)
+    p.add_argument("--vocab-size", type=int)
+    p.add_argument("--tokenizer-type", choices=[
+        "BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer",
+        "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "HuggingFaceTokenizer",
+        "Llama2Tokenizer", "TikTokenizer", "MultimodalTokenizer", "NullTokenizer",
+        "NullMultimodalTokenizer", "SFTTokenizer"])
+    # _add_logging_args
+    p.add_argument("--log-throughput", action="store_true")
+    return p
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One rule a command line breaks."""
+
+    rule: str
+    message: str
+    severity: str = "error"
+    """`error`: Megatron-LM stops; `warning`: it changes the setting and goes on."""
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.rule}: {self.message}"
+
+
+def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
+    """The argv parsed as Megatron-LM would; ValueError on an unknown or malformed flag."""
+    return argument_parser().parse_args(list(argv))
+
+
+def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
+            ) -> list[tuple[bool, str, str, str]]:
+    """(broken, rule, message, severity) for every rule; `a` is the parsed argv."""
+    tp, pp, cp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, \
+        a.context_parallel_size
+    model_parallel = tp * pp * cp
+    dp = world // model_parallel if model_parallel and world % model_parallel == 0 else 0
+    mb, gbs, layers = a.micro_batch_size or 0, a.global_batch_size or 0, a.num_layers or 0
+    heads = a.num_attention_heads or 0
+    groups = a.num_query_groups if a.group_query_attention else heads
+    micro_batches = gbs // (mb * dp) if mb and dp else 0
+    per_stage = layers // pp if pp else 0
+    vstage = a.num_layers_per_virtual_pipeline_stage
+    granularity = a.recompute_granularity
+    return [
+        # validate_args: "world size is not divisible by total_model_size".
+        (world % model_parallel != 0, "world_size",
+         f"world size {world} must divide by tp·pp·cp = {model_parallel}", "error"),
+        # validate_args: required_args; and --micro-batch-size > 0.
+        (not all([layers, a.hidden_size, heads, a.max_position_embeddings, mb]),
+         "required_args", "--num-layers, --hidden-size, --num-attention-heads, "
+         "--max-position-embeddings and --micro-batch-size are required", "error"),
+        # megatron/core/num_microbatches_calculator.py: global batch size is not divisible
+        # by micro batch size times data parallel size.
+        (bool(dp) and (not gbs or gbs % (mb * dp) != 0), "global_batch",
+         f"global batch {gbs} must divide by micro-batch {mb} × dp {dp}", "error"),
+        # validate_args: "Number of layers should be divisible by the pipeline-model-parallel
+        # size"; with interleaving, layers per stage must divide by layers per virtual stage.
+        (layers % pp != 0, "layers_per_stage",
+         f"--num-layers {layers} must divide by pp {pp}", "error"),
+        (vstage is not None and (vstage <= 0 or per_stage % vstage != 0), "layers_per_vstage",
+         f"layers per stage {per_stage} must divide by --num-layers-per-virtual-pipeline-stage "
+         f"{vstage}", "error"),
+        # validate_args: interleaving needs pp > 1 (pp > 2 without p2p overlap).
+        (vstage is not None and pp <= (1 if a.overlap_p2p_comm else 2), "interleaving_pp",
+         f"interleaved schedule needs pp > {1 if a.overlap_p2p_comm else 2}, got {pp}", "error"),
+        # megatron/core/pipeline_parallel/schedules.py (interleaved 1F1B): the number of
+        # micro-batches must divide by pp.
+        (vstage is not None and pp > 1 and micro_batches % pp != 0, "interleaving_micro_batches",
+         f"{micro_batches} micro-batches must divide by pp {pp} with interleaving", "error"),
+        # TransformerConfig.__post_init__: heads and query groups split over TP ranks.
+        (heads % tp != 0, "heads_per_tp",
+         f"num_attention_heads ({heads}) must be a multiple of tensor_model_parallel_size ({tp})",
+         "error"),
+        (groups % tp != 0, "query_groups_per_tp",
+         f"num_query_groups ({groups}) must be a multiple of tensor_model_parallel_size ({tp})",
+         "error"),
+        # validate_args: kv_channels = hidden_size // heads needs hidden % heads == 0.
+        (bool(heads) and (a.hidden_size or 0) % heads != 0, "kv_channels",
+         f"--hidden-size {a.hidden_size} must divide by heads {heads}", "error"),
+        # validate_args: "seq-length should be a multiple of 2 * context-parallel-size".
+        (cp > 1 and (a.seq_length or 0) % (2 * cp) != 0, "context_parallel_seq",
+         f"--seq-length {a.seq_length} must divide by 2·cp = {2 * cp}", "error"),
+        # validate_args: max_position_embeddings >= seq_length.
+        ((a.max_position_embeddings or 0) < (a.seq_length or 0), "max_position_embeddings",
+         f"--max-position-embeddings {a.max_position_embeddings} < --seq-length "
+         f"{a.seq_length}", "error"),
+        # validate_args: "Disabling sequence parallelism because tensor model parallelism is
+        # disabled" (a warning; SP is switched off).
+        (a.sequence_parallel and tp == 1, "sequence_parallel_needs_tp",
+         "--sequence-parallel at tp 1 is switched off by Megatron-LM", "warning"),
+        # TransformerConfig.__post_init__ (recompute): full needs a method and a layer count
+        # between 1 and the layers per pipeline rank; selective takes neither.
+        (granularity == "full" and a.recompute_method is None, "recompute_method",
+         "--recompute-granularity full needs --recompute-method uniform|block", "error"),
+        (granularity == "full" and not 1 <= (a.recompute_num_layers or 0) <= max(per_stage, 1),
+         "recompute_num_layers", f"--recompute-num-layers must be in 1..{per_stage}", "error"),
+        (granularity == "selective" and (a.recompute_method is not None
+                                         or a.recompute_num_layers is not None),
+         "recompute_selective", "selective recompute takes no --recompute-method or "
+         "--recompute-num-layers", "error"),
+        (any(m not in RECOMPUTE_MODULES for m in a.recompute_modules or []), "recompute_modules",
+         f"--recompute-modules must be among {', '.join(RECOMPUTE_MODULES)}", "error"),
+        # validate_args: --overlap-param-gather needs the distributed optimizer and
+        # --overlap-grad-reduce.
+        (a.overlap_param_gather and not (a.use_distributed_optimizer and a.overlap_grad_reduce),
+         "overlap_param_gather", "--overlap-param-gather needs --use-distributed-optimizer and "
+         "--overlap-grad-reduce", "error"),
+        # validate_args: `assert not args.bf16` under fp16 and vice versa.
+        (a.fp16 and a.bf16, "precision", "--fp16 and --bf16 exclude each other", "error"),
+        # validate_args: lr >= min_lr.
+        (a.lr is not None and a.min_lr > a.lr, "min_lr", "--min-lr exceeds --lr", "error"),
+        # validate_args: "A single data source must be provided".
+        (a.mock_data and bool(a.data_path), "data_source",
+         "--mock-data and --data-path exclude each other", "error"),
+        # megatron/training/tokenizer: NullTokenizer is built from --vocab-size.
+        (a.tokenizer_type == "NullTokenizer" and not a.vocab_size, "null_tokenizer_vocab",
+         "NullTokenizer needs --vocab-size", "error"),
+        # validate_args: --attention-backend local is only supported with --spec local.
+        (a.attention_backend == "local", "attention_backend_local",
+         "--attention-backend local needs --spec local", "error"),
+        # validate_args: TP or CP > 1 asserts CUDA_DEVICE_MAX_CONNECTIONS=1 (pre-Blackwell).
+        ((tp > 1 or cp > 1) and env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1",
+         "cuda_device_max_connections",
+         "tensor or context parallelism needs CUDA_DEVICE_MAX_CONNECTIONS=1", "error"),
+        # The run must log what the parser reads: every iteration with its throughput.
+        (a.log_interval != 1 or not a.log_throughput or not a.train_iters, "logging",
+         "layoutsearch needs --train-iters, --log-interval 1 and --log-throughput", "error"),
+    ]
+
+
+def validate_argv(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                  world_size: int) -> list[Problem]:
+    """Every Megatron-LM rule the command breaks (empty when it would start)."""
+    problems = [Problem("deprecated_flag", f"{flag}: {why}")
+                for flag, why in DEPRECATED_FLAGS.items() if flag in argv]
+    if problems:
+        return problems
+    try:
+        parsed = parse_argv(argv)
+    except ValueError as error:
+        return [Problem("argparse", str(error))]
+    return [Problem(rule, message, severity)
+            for broken, rule, message, severity in _checks(parsed, env or {}, world_size)
+            if broken]
