@@ -14,7 +14,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
+from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.measurements import as_bool
 
 GROUP_COLUMNS = ("model", "seq_length", "gpu", "num_gpus", "global_batch_size")
 PREDICTED = ("predicted_mfu", "predicted_fits")
@@ -22,8 +24,10 @@ PREDICTED = ("predicted_mfu", "predicted_fits")
 
 def collapse_twins(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per effective layout of each group: SP at tp=1 folded, repeats averaged."""
-    rows = frame[frame["status"].isin(["ok", "oom"])].copy()
-    rows["sequence_parallel"] = rows["sequence_parallel"] & (rows["tp"] > 1)
+    # predict() leaves the given columns as written, e.g. "true"/"false" read from a CSV.
+    sequence_parallel = as_bool(frame, "sequence_parallel", "fidelity input")
+    rows = frame.assign(sequence_parallel=sequence_parallel & (frame["tp"] > 1))
+    rows = rows[rows["status"].isin(["ok", "oom"])]
     keys = [c for c in (*GROUP_COLUMNS, *LAYOUT_COLUMNS) if c in rows.columns]
     rows["ran"] = rows["status"] == "ok"
     aggregations = {
@@ -79,7 +83,10 @@ def fidelity(predicted: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
     """Per-group table and the summary line (overall fit accuracy, min ρ, max regret, ...)."""
     missing = [c for c in PREDICTED if c not in predicted.columns]
     if missing:
-        raise ValueError(f"fidelity needs predictions: missing {', '.join(missing)}")
+        raise LayoutSearchError(
+            f"fidelity needs predictions: missing {', '.join(missing)}; "
+            "score the rows with layoutsearch.predict() first"
+        )
     collapsed = collapse_twins(predicted)
     records = []
     for key, group in collapsed.groupby(list(GROUP_COLUMNS), observed=True):

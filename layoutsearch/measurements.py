@@ -49,7 +49,8 @@ def _fail(source: str, row: int, column: str, message: str) -> LayoutSearchError
     return LayoutSearchError(f"{source}: row {row + 2}, column {column!r}: {message}")
 
 
-def _as_bool(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
+def as_bool(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
+    """A boolean column from True/False, true/false, 1/0, yes/no; names a bad cell."""
     values = frame[column]
     if values.dtype == bool:
         return values
@@ -86,7 +87,7 @@ def validate_measurements(frame: pd.DataFrame, source: str = "measurements") -> 
     for column in (*INTEGER_COLUMNS, "cp", "vp"):
         out[column] = _as_int(out, column, source)
     for column in (*BOOLEAN_COLUMNS, "distributed_optimizer"):
-        out[column] = _as_bool(out, column, source)
+        out[column] = as_bool(out, column, source)
     for column in TEXT_COLUMNS:
         out[column] = out[column].astype(str).str.strip()
     for column in FLOAT_COLUMNS:

@@ -1,0 +1,137 @@
+"""Fidelity metrics (FIDELITY.md) against values computed by hand on a tiny frame."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from layoutsearch.api import predict
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.fidelity import collapse_twins, fidelity
+
+JOB_13B = {"model": "llama_13b", "seq_length": 2048, "gpu": "a100_80gb", "num_gpus": 64,
+           "global_batch_size": 2048}
+JOB_30B = {**JOB_13B, "model": "llama_30b"}
+
+
+def run(job: dict[str, object], tp: int, pp: int, status: str, mfu: float | None,
+        predicted: float, fits: bool, *, sp: bool = False, mb: int = 1) -> dict[str, object]:
+    return {**job, "tp": tp, "pp": pp, "micro_batch_size": mb, "sequence_parallel": sp,
+            "attention": "flash2", "recompute": "none", "status": status, "mfu": mfu,
+            "predicted_mfu": predicted, "predicted_fits": fits}
+
+
+@pytest.fixture
+def runs() -> pd.DataFrame:
+    return pd.DataFrame([
+        # 13B: five effective layouts after collapsing.
+        run(JOB_13B, 1, 1, "ok", 0.60, 0.50, True),
+        run(JOB_13B, 1, 1, "ok", 0.62, 0.50, True, sp=True),  # SP at tp 1: a twin of the above
+        run(JOB_13B, 2, 1, "ok", 0.55, 0.58, True),
+        run(JOB_13B, 2, 1, "ok", 0.57, 0.58, True),            # a repeat
+        run(JOB_13B, 1, 2, "oom", None, 0.70, True),           # predicted fits, went OOM
+        run(JOB_13B, 4, 1, "ok", 0.50, 0.45, False),           # predicted OOM, ran
+        run(JOB_13B, 1, 1, "unavailable", None, 0.90, True, mb=2),  # left out
+        run(JOB_13B, 2, 2, "oom", None, 0.40, False),
+        # 30B: the best measured layout is predicted worst.
+        run(JOB_30B, 1, 1, "ok", 0.60, 0.40, True),
+        run(JOB_30B, 2, 1, "ok", 0.50, 0.55, True),
+        run(JOB_30B, 4, 1, "ok", 0.45, 0.50, True),
+        run(JOB_30B, 2, 2, "ok", 0.40, 0.45, True),
+        run(JOB_30B, 8, 1, "oom", None, 0.30, False),
+    ])
+
+
+def test_collapse_twins(runs: pd.DataFrame) -> None:
+    collapsed = collapse_twins(runs)
+    assert len(collapsed) == 5 + 5  # the unavailable row is gone, two pairs merged
+    small = collapsed[collapsed["model"] == "llama_13b"].set_index(["tp", "pp"])
+    assert not small["sequence_parallel"].any()
+    assert small.loc[(1, 1), "mfu"] == pytest.approx((0.60 + 0.62) / 2)
+    assert small.loc[(2, 1), "mfu"] == pytest.approx((0.55 + 0.57) / 2)
+    assert small.loc[(1, 2), "status"] == "oom" and np.isnan(small.loc[(1, 2), "mfu"])
+
+
+def test_sequence_parallel_at_tp2_is_not_a_twin(runs: pd.DataFrame) -> None:
+    extra = pd.DataFrame([run(JOB_13B, 2, 1, "ok", 0.59, 0.60, True, sp=True)])
+    collapsed = collapse_twins(pd.concat([runs, extra], ignore_index=True))
+    assert len(collapsed) == 11
+
+
+def test_a_layout_that_ran_once_and_went_oom_once_counts_as_ran() -> None:
+    frame = pd.DataFrame([run(JOB_13B, 1, 1, "ok", 0.6, 0.5, True),
+                          run(JOB_13B, 1, 1, "oom", None, 0.5, True)])
+    collapsed = collapse_twins(frame)
+    assert collapsed["status"].tolist() == ["ok"] and collapsed["mfu"].tolist() == [0.6]
+
+
+def test_group_metrics_by_hand(runs: pd.DataFrame) -> None:
+    table, _ = fidelity(runs)
+    small, large = (row for _, row in table.set_index("model").iterrows())
+    # 13B after collapsing (tp,pp: measured / predicted / predicted fits):
+    #   1,1: ok 0.61 / 0.50 / yes   2,1: ok 0.56 / 0.58 / yes   1,2: oom / 0.70 / yes
+    #   4,1: ok 0.50 / 0.45 / no    2,2: oom / 0.40 / no
+    assert small["rows"] == 5
+    assert small["fit_accuracy"] == pytest.approx(3 / 5)  # 1,2 and 4,1 are wrong calls
+    assert (small["fits_but_oom"], small["oom_but_ran"]) == (1, 1)
+    # Ranks of the ok rows, predicted (0.50, 0.58, 0.45) -> 2, 3, 1; measured -> 3, 2, 1;
+    # d = (-1, 1, 0): rho = 1 - 6·2 / (3·(9 − 1)) = 0.5.
+    assert small["spearman"] == pytest.approx(0.5)
+    # The top pick (1,2 at 0.70) went OOM and scores 0: regret = 0.61 − 0 = 61 points.
+    assert small["regret_points"] == pytest.approx(61.0)
+    # The three best predicted-to-fit rows are 1,2; 2,1; 1,1 - the best measured is among them.
+    assert small["top3_hit"]
+    mape_small = (abs(0.50 - 0.61) / 0.61 + abs(0.58 - 0.56) / 0.56 + abs(0.45 - 0.50) / 0.50) / 3
+    assert small["mape"] == pytest.approx(mape_small)
+    # 30B: every fit call right; ranks predicted (1, 4, 3, 2) vs measured (4, 3, 2, 1):
+    # d = (−3, 1, 1, 1), rho = 1 − 6·12 / (4·15) = −0.2.
+    assert large["rows"] == 5 and large["fit_accuracy"] == 1.0
+    assert large["spearman"] == pytest.approx(-0.2)
+    assert large["regret_points"] == pytest.approx(10.0)  # picks 0.55 -> measured 0.50 vs 0.60
+    assert not large["top3_hit"]  # the best (0.60) is predicted 4th
+    mape_large = (0.20 / 0.60 + 0.05 / 0.50 + 0.05 / 0.45 + 0.05 / 0.40) / 4
+    assert large["mape"] == pytest.approx(mape_large)
+
+
+def test_summary_by_hand(runs: pd.DataFrame) -> None:
+    _, summary = fidelity(runs)
+    assert summary["rows"] == 10 and summary["groups"] == 2
+    assert summary["fit_accuracy"] == pytest.approx((3 + 5) / 10)
+    assert (summary["fits_but_oom"], summary["oom_but_ran"]) == (1, 1)
+    assert summary["min_spearman"] == pytest.approx(-0.2)
+    assert summary["max_regret_points"] == pytest.approx(61.0)
+    assert summary["top3_hits"] == 1
+    errors = [0.11 / 0.61, 0.02 / 0.56, 0.05 / 0.50, 0.20 / 0.60, 0.05 / 0.50, 0.05 / 0.45,
+              0.05 / 0.40]
+    assert summary["mape"] == pytest.approx(sum(errors) / len(errors))
+
+
+def test_a_group_with_no_predicted_fit_regrets_its_best() -> None:
+    frame = pd.DataFrame([run(JOB_13B, 1, 1, "ok", 0.6, 0.5, False),
+                          run(JOB_13B, 2, 1, "ok", 0.5, 0.4, False)])
+    table, _ = fidelity(frame)
+    assert table.loc[0, "regret_points"] == pytest.approx(60.0)
+    assert not table.loc[0, "top3_hit"]
+
+
+def test_needs_predictions(runs: pd.DataFrame) -> None:
+    with pytest.raises(LayoutSearchError, match=r"missing predicted_fits"):
+        fidelity(runs.drop(columns="predicted_fits"))
+
+
+def test_predict_then_fidelity_on_a_file_with_spelled_out_booleans(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    rows = [{**measurement_row, "sequence_parallel": flag, "tp": tp, "dp": 64 // tp,
+             "mfu": mfu}
+            for flag, tp, mfu in (("true", 1, 0.60), ("false", 1, 0.62), ("yes", 2, 0.55),
+                                  ("no", 4, 0.50))]
+    path = tmp_path / "runs.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    table, summary = fidelity(predict(path))
+    assert table.loc[0, "rows"] == 3  # tp 1 with and without SP is one layout
+    assert summary["groups"] == 1
