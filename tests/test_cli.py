@@ -1,0 +1,131 @@
+"""The `layoutsearch` command: outputs, overrides, multirun, and user mistakes (exit 2).
+
+Most tests run the command in a subprocess, as a user would; the space is pinned to
+tp in {1, 2} to keep each run well under a second.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from layoutsearch import search
+from layoutsearch.cli import GROUP_DIRS, check_group_choices, group_options, run
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.results import RESULT_COLUMNS
+
+FAST = "search_spaces.tp=[1,2]"
+
+
+def layoutsearch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "layoutsearch.cli", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
+    )
+
+
+def test_run_writes_the_same_ranking_as_the_python_api(tmp_path: Path) -> None:
+    done = layoutsearch(
+        "model=llama_13b", "model.vocab_size=128000", "num_gpus=64", FAST, "top_k=3",
+        f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    ranked = pd.read_csv(tmp_path / "run" / "ranked.csv")
+    expected = search(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
+                      vocab_size=128000, tp=[1, 2])
+    assert set(RESULT_COLUMNS) <= set(ranked.columns)
+    assert any(c.startswith("time_") for c in ranked.columns)
+    assert any(c.startswith("memory_") for c in ranked.columns)
+    assert len(ranked) == len(expected)
+    assert set(ranked["tp"]) == {1, 2}
+    assert (ranked["vocab_size"] == 128000).all()
+    for column in ("mfu", "step_time_s", "peak_memory_gib"):
+        assert np.allclose(ranked[column], expected[column], equal_nan=True)
+    # The report: the job, exactly top_k ranking rows, both breakdowns of the best layout.
+    out = done.stdout
+    assert "job: llama_13b" in out and "64 x a100_80gb" in out
+    ranking = out.split("top 3:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert len(ranking) == 1 + 3  # header and three rows
+    assert all(column in ranking[0] for column in LAYOUT_COLUMNS)
+    assert "best layout, time (step_time_s" in out and "best layout, memory" in out
+    assert "gemm" in out and "weights" in out
+
+
+def test_multirun_runs_every_job_and_model_overrides_change_the_result(tmp_path: Path) -> None:
+    done = layoutsearch(
+        "--multirun", "model.vocab_size=32000,128000", FAST,
+        f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    small, large = (pd.read_csv(tmp_path / "sweep" / job / "ranked.csv") for job in ("0", "1"))
+    assert sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/ranked.csv")) == ["0", "1"]
+    assert set(small["vocab_size"]) == {32000} and set(large["vocab_size"]) == {128000}
+    # The same layouts with a 4x vocabulary need more memory (embedding, logits).
+    keys = ["tp", "pp", "micro_batch_size", "sequence_parallel", "attention",
+            "rmsnorm_kernel", "recompute"]
+    both = small.merge(large, on=keys, suffixes=("_small", "_large")).dropna(
+        subset=["peak_memory_gib_small", "peak_memory_gib_large"]
+    )
+    assert len(both) > 0
+    assert (both["peak_memory_gib_large"] > both["peak_memory_gib_small"]).all()
+
+
+def test_unknown_model_exits_2_naming_the_closest_match(tmp_path: Path) -> None:
+    done = layoutsearch("model=llama13b", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "did you mean 'llama_13b'" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_bad_job_size_exits_2_with_the_rule(tmp_path: Path) -> None:
+    done = layoutsearch("num_gpus=63", FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "num_gpus=63" in done.stderr and "whole number of nodes" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_help_lists_exactly_the_config_groups(tmp_path: Path) -> None:
+    done = layoutsearch("--help", cwd=tmp_path)
+    groups = done.stdout.split("== Configuration groups ==", 1)[1].split("==", 1)[0]
+    listed = {line.split(":")[0] for line in groups.splitlines()[2:] if ":" in line}
+    assert listed == set(GROUP_DIRS)
+    assert "llama_13b" in groups and "a100_80gb" in groups and "paper" in groups
+
+
+def test_group_choices_are_checked_in_sweeps_too() -> None:
+    with pytest.raises(LayoutSearchError, match="did you mean 'llama_65b'"):
+        check_group_choices(["--multirun", "model=llama_13b,lama_65b"])
+    with pytest.raises(LayoutSearchError, match="unknown cluster 'a100'"):
+        check_group_choices(["cluster=a100"])
+    check_group_choices(["-m", "model=llama_13b,llama_65b", "model.vocab_size=1000", "~driver"])
+
+
+def test_every_group_option_is_listed_by_name() -> None:
+    assert "llama_13b" in group_options("model")
+    assert "a100_80gb" in group_options("cluster")
+    assert {"paper", "default"} <= set(group_options("search_spaces"))
+    assert "analytic" in group_options("cost_models")
+    assert "grid" in group_options("driver")
+
+
+def test_nothing_fits_prints_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Composed in-process: the same config groups, found through the same plugins.
+    with initialize_config_module(version_base="1.3", config_module="layoutsearch.conf"):
+        cfg = compose("layoutsearch", overrides=["model=llama_65b", "num_gpus=8", FAST])
+    config = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(config, dict)
+    ranked = run({str(k): v for k, v in config.items()}, tmp_path)
+    out = capsys.readouterr().out
+    assert not ranked["fits"].any()
+    assert ranked.attrs["message"] and ranked.attrs["message"] in out
+    assert "best layout" not in out
+    assert (tmp_path / "ranked.csv").is_file()
