@@ -19,12 +19,14 @@ import yaml
 from layoutsearch.costs.analytic import AnalyticCostModel
 from layoutsearch.costs.base import PREDICTION_COLUMNS, CostModel
 from layoutsearch.costs.constants import constants_path
+from layoutsearch.costs.replay import ReplayCostModel
 from layoutsearch.errors import LayoutSearchError
 
 Factory = Callable[..., CostModel]
 
 COST_MODEL_TARGETS: dict[str, Factory] = {
     "layoutsearch.costs.analytic.AnalyticCostModel": AnalyticCostModel.from_config,
+    "layoutsearch.costs.replay.ReplayCostModel": ReplayCostModel.from_config,
 }
 """`_target_` -> factory(config without `_target_`, source=...). Register new models here."""
 
@@ -56,4 +58,6 @@ def build_cost_model(
     return COST_MODEL_TARGETS[target](config, source=source)
 
 
-__all__ = ["PREDICTION_COLUMNS", "AnalyticCostModel", "CostModel", "build_cost_model"]
+__all__ = [
+    "PREDICTION_COLUMNS", "AnalyticCostModel", "CostModel", "ReplayCostModel", "build_cost_model",
+]

@@ -1,0 +1,141 @@
+"""The replay cost model: prices layouts from a measurement file instead of formulas.
+
+A candidate is matched to the measured runs of the same job and layout (one vectorized
+merge); its price is what was measured. Repeats of one layout are averaged; a layout that
+was never measured is reported as unmeasured, never guessed. It stands in for an expensive
+backend in tests and benchmarks, and replays a user's own past runs.
+
+    model = build_cost_model("replay", path="runs.csv")
+    scored = model.score(candidates, clusters)   # NaN where not measured, with the reason
+
+Matching is on the model's dimensions, not on the free-text `model` column: a user's
+`ModelSpec` may be called `my-13b` while the file says `llama_13b`; what decides whether a
+run is the same job is its shape (layers, widths, heads, vocabulary, MLP and embedding
+kind), sequence length, GPU kind and count, node size and global batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.measurements import read_measurements
+from layoutsearch.specs import ClusterSpec
+
+JOB_KEY = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+    "vocab_size", "swiglu", "untie_embeddings", "normalization", "seq_length", "gpu",
+    "num_gpus", "gpus_per_node", "global_batch_size",
+)
+"""The columns that make two rows the same job (the `model` name is left out on purpose)."""
+KEY = (*JOB_KEY, *LAYOUT_COLUMNS)
+
+FAILED_REASONS = {
+    "oom": "measured: out of memory",
+    "unavailable": "measured: unavailable (a kernel refused the shape)",
+    "error": "measured: the run failed",
+    "timeout": "measured: the run timed out",
+}
+"""`cost_reason` of a layout none of whose runs finished, by status (MEASUREMENTS.md)."""
+STATUS_ORDER = ("ok", "oom", "unavailable", "error", "timeout")
+"""Which status speaks for a layout measured several times: one run that finished is
+enough to call it feasible; among failures, running out of memory is the most telling."""
+
+
+def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
+    """The key columns, with sequence parallelism at tp = 1 counted as off (a no-op)."""
+    keys = frame.loc[:, list(KEY)].copy()
+    keys["sequence_parallel"] = keys["sequence_parallel"].astype(bool) & (keys["tp"] > 1)
+    for column in ("gpu", "attention", "recompute", "normalization"):
+        keys[column] = keys[column].astype(str)
+    return keys
+
+
+def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per measured layout: its deciding status, mean step time, MFU and memory."""
+    keys = _canonical(runs)
+    keys["_rank"] = runs["status"].map({s: i for i, s in enumerate(STATUS_ORDER)})
+    keys["_ok"] = runs["status"] == "ok"
+    # Averages are over the runs that finished; a failed run has no step time or MFU.
+    for column in ("step_time_s", "mfu", "peak_memory_gib"):
+        values = runs[column] if column in runs.columns else pd.Series(np.nan, index=runs.index)
+        keys[column] = pd.to_numeric(values, errors="coerce").where(keys["_ok"])
+    grouped = keys.groupby(list(KEY), sort=False, dropna=False)
+    summary = grouped[["step_time_s", "mfu", "peak_memory_gib"]].mean()
+    summary["runs"] = grouped.size()
+    summary["status"] = grouped["_rank"].min().map(dict(enumerate(STATUS_ORDER)))
+    return summary.reset_index()
+
+
+class ReplayCostModel:
+    """What was measured for each layout; unmeasured layouts stay unpriced."""
+
+    name = "replay"
+
+    def __init__(self, runs: pd.DataFrame, source: str = "measurements") -> None:
+        self.source = source
+        self.measured = summarize_runs(runs)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ReplayCostModel:
+        """From a measurement file (CSV, or Parquet by its suffix), validated on reading."""
+        return cls(read_measurements(path), source=str(path))
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], source: str = "") -> ReplayCostModel:
+        """From a `cost_models/replay.yaml` config: `path` to the measurement file."""
+        unknown = set(config) - {"path"}
+        if unknown:
+            raise LayoutSearchError(
+                f"{source}: unknown setting(s) {', '.join(sorted(unknown))} for the replay "
+                "cost model; it takes 'path' (a measurement file, CSV or Parquet)"
+            )
+        path = config.get("path")
+        if path in (None, "", "???"):
+            raise LayoutSearchError(
+                f"{source}: the replay cost model needs 'path', a measurement file "
+                "(CSV or Parquet, MEASUREMENTS.md); e.g. cost_models.path=runs.csv"
+            )
+        return cls.load(str(path))
+
+    def score(
+        self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec]
+    ) -> pd.DataFrame:
+        missing = [c for c in KEY if c not in candidates.columns]
+        if missing:
+            raise LayoutSearchError(
+                f"replay cost model: candidates lack column(s) {', '.join(missing)} "
+                "needed to match them to measured runs"
+            )
+        keys = _canonical(candidates)
+        keys["_row"] = np.arange(len(keys))
+        matched = keys.merge(self.measured, on=list(KEY), how="left", sort=False)
+        matched = matched.sort_values("_row", kind="stable")
+        status = matched["status"].fillna("unmeasured").to_numpy(dtype=object)
+        step = matched["step_time_s"].to_numpy(dtype=float)
+        tokens_per_step = (
+            candidates["global_batch_size"].to_numpy(dtype=float)
+            * candidates["seq_length"].to_numpy(dtype=float)
+        )
+        reason = pd.Series(status).map(FAILED_REASONS).fillna("").to_numpy(dtype=object)
+        reason[status == "unmeasured"] = (
+            f"unmeasured: no measurement of this layout in {self.source}"
+        )
+        return pd.DataFrame(
+            {
+                "step_time_s": step,
+                "mfu": matched["mfu"].to_numpy(dtype=float),
+                "tokens_per_s": tokens_per_step / step,
+                "peak_memory_gib": matched["peak_memory_gib"].to_numpy(dtype=float),
+                "fits": status == "ok",
+                "cost_reason": reason,
+                "measured_runs": matched["runs"].fillna(0).to_numpy(dtype=np.int64),
+            },
+            index=candidates.index,
+        )
