@@ -1,0 +1,91 @@
+"""Ranking a scored table and the message that explains an empty answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from layoutsearch.catalog import load_cluster, load_model
+from layoutsearch.layout import Layout
+from layoutsearch.results import RESULT_COLUMNS, no_fit_message, rank
+from layoutsearch.specs import Job
+
+JOB = Job(model=load_model("llama_13b"), cluster=load_cluster("a100_80gb"), num_gpus=64,
+          seq_length=2048, global_batch_size=2048)
+
+
+def scored(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows of a scored table; each row gives some layout knobs and its prices."""
+    records = []
+    for row in rows:
+        knobs = {k: v for k, v in row.items() if k in Layout.__dataclass_fields__}
+        prices = {"mfu": np.nan, "step_time_s": np.nan, "tokens_per_s": np.nan,
+                  "peak_memory_gib": np.nan, "fits": False, "reason": ""}
+        prices.update({k: v for k, v in row.items() if k not in knobs})
+        records.append({"extra": "kept", **prices, **Layout(**knobs).to_dict()})
+    return pd.DataFrame(records)
+
+
+def test_rank_puts_feasible_rows_first_by_mfu() -> None:
+    table = scored([
+        {"tp": 1, "mfu": 0.70, "peak_memory_gib": 90.0, "reason": "out of memory"},
+        {"tp": 2, "mfu": 0.50, "peak_memory_gib": 40.0, "fits": True},
+        {"tp": 4, "reason": "num_attention_heads (40) must divide by tp (3)"},  # unpriced
+        {"tp": 8, "mfu": 0.60, "peak_memory_gib": 30.0, "fits": True},
+        {"pp": 2, "mfu": 0.65, "peak_memory_gib": 85.0, "reason": "out of memory"},
+    ]).iloc[::-1]
+    ranked = rank(table)
+    assert ranked["tp"].tolist() == [8, 2, 1, 1, 4]
+    assert ranked["pp"].tolist() == [1, 1, 1, 2, 1]
+    assert list(ranked.columns[: len(RESULT_COLUMNS)]) == list(RESULT_COLUMNS)
+    assert ranked.columns[-1] == "extra"
+    assert list(ranked.index) == [0, 1, 2, 3, 4]
+    assert not any(c.startswith("_") for c in ranked.columns)
+
+
+def test_no_message_when_something_fits() -> None:
+    table = scored([{"mfu": 0.5, "peak_memory_gib": 40.0, "fits": True}])
+    assert no_fit_message(table, JOB) is None
+
+
+def test_rule_message_counts_each_rule_once_per_layout() -> None:
+    table = scored([
+        {"tp": 3, "reason": "global_batch_size (3) must divide by micro_batch_size·dp (1·4); "
+                            "num_attention_heads (40) must divide by tp (3)"},
+        {"tp": 1, "reason": "global_batch_size (3) must divide by micro_batch_size·dp (1·64)"},
+        {"micro_batch_size": 2,
+         "reason": "global_batch_size (3) must divide by micro_batch_size·dp (2·64)"},
+    ])
+    message = no_fit_message(table, JOB)
+    assert message == (
+        "no layout passes the rules: global_batch_size (3) must divide by "
+        "micro_batch_size·dp (1·4) (rejects 3 of 3 layouts); num_attention_heads (40) must "
+        "divide by tp (3) (rejects 1 of 3 layouts)"
+    )
+
+
+def test_memory_message_names_the_smallest_footprint_and_untried_fixes() -> None:
+    table = scored([
+        {"tp": 2, "pp": 2, "mfu": 0.5, "peak_memory_gib": 95.0, "distributed_optimizer": False},
+        {"tp": 4, "pp": 2, "mfu": 0.4, "peak_memory_gib": 85.31, "distributed_optimizer": False},
+    ])
+    message = no_fit_message(table, JOB)
+    assert message is not None
+    assert message.startswith("no layout fits: the smallest per-GPU footprint is 85.3 GiB > "
+                              "80.0 GiB at tp·pp·cp ≤ 8 (tp=4 pp=2 mb=1 recompute=none)")
+    assert message.endswith("use more GPUs or GPUs with more memory, or enable "
+                            "distributed_optimizer, or allow recompute=full, or allow larger "
+                            "tp·pp")
+
+
+def test_memory_message_does_not_suggest_what_was_tried() -> None:
+    table = scored([
+        {"tp": 8, "pp": 8, "mfu": 0.5, "peak_memory_gib": 95.0, "recompute": "full"},
+        {"tp": 8, "pp": 8, "mfu": 0.5, "peak_memory_gib": 99.0, "recompute": "none",
+         "distributed_optimizer": False},
+    ])
+    message = no_fit_message(table, JOB)
+    assert message is not None
+    assert message.endswith("; use more GPUs or GPUs with more memory")
