@@ -48,12 +48,20 @@ def _split_overrides(overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict
     return model_fields, pins
 
 
+def _wrong_type(argument: str, value: Any, expected: str) -> LayoutSearchError:
+    return LayoutSearchError(f"{argument}={value!r}: must be {expected}")
+
+
 def resolve_model(model: str | ModelSpec, **fields: Any) -> ModelSpec:
+    if not isinstance(model, str | ModelSpec):
+        raise _wrong_type("model", model, "a catalog name (e.g. 'llama_13b') or a ModelSpec")
     spec = load_model(model) if isinstance(model, str) else model
     return spec.replace(**fields) if fields else spec
 
 
 def resolve_cluster(cluster: str | ClusterSpec) -> ClusterSpec:
+    if not isinstance(cluster, str | ClusterSpec):
+        raise _wrong_type("cluster", cluster, "a catalog name (e.g. 'a100_80gb') or a ClusterSpec")
     return load_cluster(cluster) if isinstance(cluster, str) else cluster
 
 
@@ -62,7 +70,10 @@ def resolve_space(space: str | SearchSpace | Mapping[str, Any]) -> SearchSpace:
         return space
     if isinstance(space, str):
         return SearchSpace.load(space)
-    return SearchSpace.from_dict(space)
+    if isinstance(space, Mapping):
+        return SearchSpace.from_dict(space)
+    raise _wrong_type("search_space", space,
+                      "a name (e.g. 'paper'), a SearchSpace or a mapping of knob values")
 
 
 def search(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,14 @@ def test_unknown_names_list_valid_ones(argument: str, value: str, closest: str) 
     error = raises_user_error(rf"unknown .*'{value}'; did you mean '{closest}'\? valid ",
                               **{argument: value})
     assert closest in str(error.value).split("valid")[-1]
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [("model", 13), ("model", None), ("cluster", 8), ("search_space", ["tp"])],
+)
+def test_arguments_of_the_wrong_type(argument: str, value: object) -> None:
+    raises_user_error(re.escape(f"{argument}={value!r}: must be a"), **{argument: value})
 
 
 def test_unknown_cost_model() -> None:
