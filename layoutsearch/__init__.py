@@ -13,6 +13,7 @@ from layoutsearch.costs import AnalyticCostModel, CostModel, build_cost_model
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.measurements import read_measurements
+from layoutsearch.reporting import report
 from layoutsearch.space import SearchSpace
 from layoutsearch.specs import ClusterSpec, GPUSpec, Job, ModelSpec
 
@@ -32,5 +33,6 @@ __all__ = [
     "load_model",
     "predict",
     "read_measurements",
+    "report",
     "search",
 ]

@@ -1,0 +1,39 @@
+"""Reports people can read: `report.md` with figures, explanations and the study's rules.
+
+    ranked = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=2048,
+                                 global_batch_size=2048)
+    layoutsearch.report(ranked, "my_report")   # my_report/report.md + PNGs
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.reporting.markdown import TOP_K, write_report
+from layoutsearch.reporting.study_rules import StudyCheck, check_study_rules
+
+DEFAULT_DIR = Path("layoutsearch-report")
+
+
+def report(result: pd.DataFrame, out_dir: str | Path | None = None, *,
+           top_k: int = TOP_K) -> Path:
+    """Write the report of a `search` result into `out_dir`; returns the path of report.md.
+
+    `out_dir` defaults to `./layoutsearch-report`; the frame must carry its job in
+    `attrs["job"]`, as `search` leaves it.
+    """
+    if "job" not in result.attrs:
+        raise LayoutSearchError(
+            "report(result): result.attrs['job'] is missing; pass the frame layoutsearch.search "
+            "returned (pandas drops attrs in some operations, e.g. concat)"
+        )
+    if result.empty:
+        raise LayoutSearchError("report(result): the result has no rows")
+    return write_report(result, Path(out_dir) if out_dir is not None else DEFAULT_DIR,
+                        top_k=top_k)
+
+
+__all__ = ["StudyCheck", "check_study_rules", "report", "write_report"]

@@ -1,0 +1,136 @@
+"""The run report: `report.md` with the job, the top layouts, figures and explanations.
+
+    path = write_report(ranked, Path("outputs/run"))   # outputs/run/report.md + PNGs
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.reporting.explain import component_name, label, time_columns, why_rejected
+from layoutsearch.reporting.plots import save_figures
+from layoutsearch.reporting.study_rules import StudyCheck, check_study_rules
+from layoutsearch.specs import Job
+
+TOP_K = 10
+SHOWN_KNOBS = tuple(k for k in LAYOUT_COLUMNS if k not in ("cp", "vp", "distributed_optimizer"))
+"""Knobs the top-k table shows; cp, vp and the optimizer sharding appear only if they vary."""
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value).replace("|", "\\|")
+
+
+def markdown_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def top_table(ranked: pd.DataFrame, k: int = TOP_K) -> str:
+    """The best `k` layouts: knobs, MFU, step time, peak memory, fits."""
+    knobs = [c for c in LAYOUT_COLUMNS if c in SHOWN_KNOBS or ranked[c].nunique() > 1]
+    rows = []
+    for position, (_, row) in enumerate(ranked.head(k).iterrows(), start=1):
+        rows.append([position, *(row[c] for c in knobs),
+                     f"{100 * row['mfu']:.1f}" if pd.notna(row["mfu"]) else "—",
+                     f"{row['step_time_s']:.2f}" if pd.notna(row["step_time_s"]) else "—",
+                     f"{row['peak_memory_gib']:.1f}" if pd.notna(row["peak_memory_gib"])
+                     else "—",
+                     "yes" if row["fits"] else f"no: {row['reason']}"])
+    header = ["#", *knobs, "MFU (%)", "step time (s)", "peak memory (GiB)", "fits"]
+    return markdown_table(rows, header)
+
+
+def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
+    m = job.model
+    priced = ranked["mfu"].notna()
+    facts = [
+        ["model", f"{m.name}: {m.num_parameters() / 1e9:.1f} B parameters, {m.num_layers} "
+                  f"layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
+                  f"vocabulary {m.vocab_size}"],
+        ["GPUs", f"{job.num_gpus} × {job.cluster.gpu.name} ({job.cluster.gpus_per_node} per "
+                 f"node, {job.cluster.gpu.memory_gib:.0f} GiB each)"],
+        ["sequence length", f"{job.seq_length} tokens"],
+        ["global batch", f"{job.global_batch_size} sequences = {job.tokens_per_step} tokens"],
+        ["candidates", f"{len(ranked)} layouts, {int(priced.sum())} priced, "
+                       f"{int(ranked['fits'].sum())} fit"],
+    ]
+    lines = ["## The job", "", markdown_table(facts, ["", ""]), ""]
+    message = ranked.attrs.get("message", "")
+    if message:
+        lines += [f"**Nothing fits.** {message}", ""]
+    return lines
+
+
+def _best_section(best: pd.Series, paths: dict[str, Path]) -> list[str]:
+    lines = [
+        "## The best layout", "",
+        f"**{label(best)}**: {100 * best['mfu']:.1f} % MFU, {best['step_time_s']:.2f} s per "
+        f"step, {best['tokens_per_s']:.0f} tokens/s, {best['peak_memory_gib']:.1f} GiB peak "
+        f"memory per GPU.", "",
+    ]
+    if "megatron_args" in best.index and isinstance(best["megatron_args"], str):
+        lines += ["Megatron-LM arguments:", "", "```", best["megatron_args"], "```", ""]
+    parts = sorted(((float(best[c]), c) for c in time_columns(pd.DataFrame([best]))),
+                   reverse=True)
+    shares = [f"{component_name(c)} {100 * v / best['step_time_s']:.1f} %"
+              for v, c in parts if v > 0]
+    if shares:
+        lines += ["Share of the step: " + ", ".join(shares) + ".", ""]
+    if "breakdown" in paths:
+        lines += [f"![time and memory breakdown]({paths['breakdown'].name})", ""]
+    return lines
+
+
+def _rules_section(check: StudyCheck | None) -> list[str]:
+    lines = ["## The study's rules (Hagemann et al. 2023)", ""]
+    if check is None:
+        return [*lines, "Nothing fits, so there is no best layout to check.", ""]
+    lines += [check.summary[0].upper() + check.summary[1:] + ".", ""]
+    verdict = {True: "follows", False: "departs", None: "n/a"}
+    rows = [[v.rule, verdict[v.follows], v.detail] for v in check.verdicts]
+    return [*lines, markdown_table(rows, ["rule", "best layout", "why"]), ""]
+
+
+def write_report(ranked: pd.DataFrame, out_dir: Path, *, top_k: int = TOP_K) -> Path:
+    """Write `report.md` and its PNGs into `out_dir`; returns the report's path."""
+    job = ranked.attrs["job"]
+    check = check_study_rules(ranked, job)
+    best = ranked.iloc[0]
+    bars: list[tuple[str, pd.Series]] = [("best", best)]
+    marks: list[tuple[str, pd.Series]] = [("best", best)]
+    if check is not None and check.paper is not None and check.paper.name != best.name:
+        bars.append(("study rules", check.paper))
+        marks.append(("study rules", check.paper))
+    if check is not None:
+        runner = ranked[ranked["fits"].astype(bool)
+                        & ((ranked["tp"] != best["tp"]) | (ranked["pp"] != best["pp"]))]
+        if not runner.empty:
+            bars.append(("best other tp·pp", runner.iloc[0]))
+    has_breakdown = bool(time_columns(ranked))
+    paths = save_figures(ranked, out_dir, gpu_memory_gib=job.cluster.gpu.memory_gib,
+                         bars=bars if has_breakdown and check is not None else (),
+                         marks=marks if check is not None else ())
+    lines = [f"# Layouts for {job.model.name} on {job.num_gpus} × {job.cluster.gpu.name}, "
+             f"{job.seq_length} tokens", "", *_job_section(ranked, job),
+             f"## Top {min(top_k, len(ranked))} layouts", "", top_table(ranked, top_k), ""]
+    if check is not None:
+        lines += _best_section(best, paths)
+    lines += ["## Every candidate", "",
+              f"![MFU against peak memory]({paths['mfu_vs_memory'].name})", "",
+              f"![best MFU per tp and pp]({paths['tp_pp_heatmap'].name})", ""]
+    if check is not None:
+        lines += ["## Why the main alternatives lost", "",
+                  *[f"- {line}" for line in why_rejected(ranked)], ""]
+    lines += _rules_section(check)
+    path = out_dir / "report.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,49 @@
+"""The report's figures hold data: bars that add up, points, a filled heatmap."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.collections import PathCollection
+from matplotlib.image import AxesImage
+
+import layoutsearch
+from layoutsearch.reporting.explain import memory_columns, time_columns
+from layoutsearch.reporting.plots import breakdown_figure, mfu_memory_figure, tp_pp_heatmap
+
+
+@pytest.fixture(scope="module")
+def ranked() -> pd.DataFrame:
+    return layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=8192,
+                               global_batch_size=512, vocab_size=128000)
+
+
+def test_breakdown_bars_add_up_to_step_time_and_memory(ranked: pd.DataFrame) -> None:
+    best = ranked.iloc[0]
+    fig = breakdown_figure([("best", best)], gpu_memory_gib=80.0)
+    time_ax, memory_ax = fig.axes
+    widths = sum(p.get_width() for p in time_ax.patches)
+    assert widths == pytest.approx(sum(best[c] for c in time_columns(ranked)))
+    memory = sum(p.get_width() for p in memory_ax.patches)
+    assert memory == pytest.approx(sum(best[c] for c in memory_columns(ranked)))
+    assert time_ax.get_xlabel().endswith("(s)") and memory_ax.get_xlabel().endswith("(GiB)")
+    assert time_ax.get_legend() is not None and memory_ax.get_legend() is not None
+
+
+def test_mfu_memory_plot_has_every_priced_layout(ranked: pd.DataFrame) -> None:
+    fig = mfu_memory_figure(ranked, gpu_memory_gib=80.0, marks=[("best", ranked.iloc[0])])
+    ax = fig.axes[0]
+    points = sum(len(c.get_offsets()) for c in ax.collections if isinstance(c, PathCollection))
+    priced = int((ranked["mfu"].notna() & ranked["peak_memory_gib"].notna()).sum())
+    assert points == priced + 1  # every priced layout plus the best marked once more
+    assert any(line.get_xdata()[0] == 80.0 for line in ax.get_lines())  # the memory limit
+    assert ax.get_ylabel() == "MFU (%)"
+
+
+def test_heatmap_cells_are_the_best_mfu_per_tp_pp(ranked: pd.DataFrame) -> None:
+    fig = tp_pp_heatmap(ranked)
+    image = next(a for a in fig.axes[0].get_children() if isinstance(a, AxesImage))
+    values = np.ma.filled(image.get_array(), np.nan)
+    assert np.nanmax(values) == pytest.approx(100 * ranked["mfu"].iloc[0])
+    assert np.isfinite(values).sum() >= 2

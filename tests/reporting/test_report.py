@@ -1,0 +1,56 @@
+"""report(): report.md and its PNGs for a search result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import layoutsearch
+from layoutsearch.errors import LayoutSearchError
+
+JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
+           vocab_size=128000)
+
+
+@pytest.fixture(scope="module")
+def ranked() -> pd.DataFrame:
+    return layoutsearch.search(**JOB)
+
+
+def test_report_writes_markdown_and_figures(ranked: pd.DataFrame, tmp_path: Path) -> None:
+    path = layoutsearch.report(ranked, tmp_path / "out")
+    assert path == tmp_path / "out" / "report.md"
+    text = path.read_text()
+    for section in ("## The job", "## Top 10 layouts", "## The best layout",
+                    "## Why the main alternatives lost", "## The study's rules"):
+        assert section in text
+    for png in ("breakdown.png", "mfu_vs_memory.png", "tp_pp_heatmap.png"):
+        assert f"]({png})" in text
+        assert (tmp_path / "out" / png).stat().st_size > 10_000  # a real picture, not a stub
+    # The top table shows the best layout's MFU as the search ranked it.
+    assert f"{100 * ranked['mfu'].iloc[0]:.1f}" in text
+    assert "64 × a100_80gb" in text
+
+
+def test_report_of_a_paper_driver_result(tmp_path: Path) -> None:
+    paper = layoutsearch.search(driver="paper", **JOB)
+    text = layoutsearch.report(paper, tmp_path).read_text()
+    assert "The study's rules pick the best layout" in text
+
+
+def test_report_without_a_job_is_a_user_error(ranked: pd.DataFrame, tmp_path: Path) -> None:
+    bare = ranked.copy()
+    bare.attrs = {}
+    with pytest.raises(LayoutSearchError, match="attrs\\['job'\\]"):
+        layoutsearch.report(bare, tmp_path)
+
+
+def test_report_when_nothing_fits(tmp_path: Path) -> None:
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
+        ranked = layoutsearch.search(model="llama_65b", num_gpus=8, seq_length=2048,
+                                     global_batch_size=64)
+    text = layoutsearch.report(ranked, tmp_path).read_text()
+    assert "**Nothing fits.**" in text
+    assert not (tmp_path / "breakdown.png").exists()

@@ -1,0 +1,67 @@
+"""The study's rules checked on a result: verdicts and the comparison with the rules' pick."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+import layoutsearch
+from layoutsearch.reporting.explain import compare, why_rejected
+from layoutsearch.reporting.study_rules import check_study_rules
+
+JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
+           vocab_size=128000)
+
+
+@pytest.fixture(scope="module")
+def ranked() -> pd.DataFrame:
+    return layoutsearch.search(**JOB)
+
+
+def test_the_rules_pick_replayed_on_the_grid_equals_the_paper_driver(ranked: pd.DataFrame) -> None:
+    check = check_study_rules(ranked, ranked.attrs["job"])
+    assert check is not None and check.paper is not None
+    pick = layoutsearch.search(driver="paper", **JOB).iloc[0]
+    for knob in ("tp", "pp", "micro_batch_size", "recompute", "attention", "sequence_parallel"):
+        assert check.paper[knob] == pick[knob]
+    assert check.gap_points == pytest.approx(100 * (ranked["mfu"].iloc[0] - pick["mfu"]))
+    rules = {v.rule: v for v in check.verdicts}
+    assert "micro-batch 1" in rules
+    best = ranked.iloc[0]
+    assert rules["micro-batch 1"].follows == (best["micro_batch_size"] == 1)
+    assert rules["FlashAttention 2 with the RMSNorm kernel"].follows == (
+        best["attention"] == "flash2" and bool(best["rmsnorm_kernel"]))
+
+
+def test_a_departure_is_explained_by_the_layout_the_rule_prefers(ranked: pd.DataFrame) -> None:
+    # Put a full-recompute layout on top: the check must say it departs and why.
+    idx = ranked.index[ranked["fits"] & (ranked["recompute"] == "full")][0]
+    reordered = pd.concat([ranked.loc[[idx]], ranked.drop(index=idx)])
+    check = check_study_rules(reordered, ranked.attrs["job"])
+    assert check is not None
+    verdict = next(v for v in check.verdicts if v.rule.startswith("prefer model parallelism"))
+    assert verdict.follows is False
+    assert "recompute=full; without it:" in verdict.detail
+
+
+def test_compare_names_the_component_that_costs_the_most() -> None:
+    base = {"tp": 1, "pp": 1, "dp": 8, "cp": 1, "vp": 1, "micro_batch_size": 1,
+            "sequence_parallel": False, "attention": "flash2", "rmsnorm_kernel": True,
+            "recompute": "none", "distributed_optimizer": True, "fits": True, "reason": ""}
+    winner = pd.Series({**base, "mfu": 0.6, "step_time_s": 10.0, "time_gemm_s": 9.0,
+                        "time_bubble_s": 1.0})
+    loser = pd.Series({**base, "pp": 4, "mfu": 0.5, "step_time_s": 12.0, "time_gemm_s": 9.0,
+                       "time_bubble_s": 3.0})
+    text = compare(winner, loser)
+    assert "10.0 points lower" in text
+    assert "the pipeline bubble takes 25 % of its step vs 10 % (+2.00 s)" in text
+    broken = pd.Series({**base, "fits": False, "reason": "needs 95 GiB > 80 GiB"})
+    assert compare(winner, broken).endswith("does not fit: needs 95 GiB > 80 GiB")
+
+
+def test_why_rejected_covers_each_varied_knob(ranked: pd.DataFrame) -> None:
+    lines = why_rejected(ranked)
+    titles = [line.split("**")[1] for line in lines]
+    assert titles == ["model parallelism (tp, pp)", "micro-batch size",
+                      "activation recomputation", "attention kernel", "RMSNorm kernel",
+                      "sequence parallelism"]
