@@ -33,6 +33,7 @@ from layoutsearch.drivers import build_driver
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.paths import config_dir
+from layoutsearch.reporting import report as write_run_report
 from layoutsearch.space import SearchSpace
 from layoutsearch.specs import Job
 
@@ -65,6 +66,9 @@ def run(config: Mapping[str, Any], output_dir: Path) -> pd.DataFrame:
     model = model_from_dict(config["model"])
     cluster = cluster_from_dict(config["cluster"])
     space = SearchSpace.from_dict(config["search_spaces"])
+    top_k = config.get("top_k", 10)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise LayoutSearchError(f"top_k={top_k!r}: must be a positive integer (rows printed)")
     emit = config.get("emit")
     if emit is not None and emit not in EMITTERS:
         raise LayoutSearchError(unknown_name_message("emit", str(emit), EMITTERS))
@@ -83,10 +87,11 @@ def run(config: Mapping[str, Any], output_dir: Path) -> pd.DataFrame:
     output_dir.mkdir(parents=True, exist_ok=True)
     csv = output_dir / "ranked.csv"
     ranked.to_csv(csv, index=False)
-    print(report(ranked, space, top_k=int(config.get("top_k") or 10)))
+    markdown = write_run_report(ranked, output_dir)
+    print(report(ranked, space, top_k=top_k))
     if emit is not None:
         EMITTERS[emit](ranked, output_dir)
-    print(f"\nwrote {csv}")
+    print(f"\nwrote {csv} and {markdown}")
     return ranked
 
 
