@@ -1,13 +1,15 @@
 """The optuna driver: Bayesian search (TPE) for layouts under a budget of evaluations.
 
-Each trial samples the space's knobs. A layout that breaks a rule is never sent to the cost
-model: the trial is recorded with the rule's reason and a violated constraint
-(`trial.set_constraint`), which TPE and NSGA-II learn from. A layout already evaluated —
-by this process, another worker or an earlier run of the study — is not evaluated again:
-the trial reuses the stored value. A cost model that raises fails that trial (the error is
-kept in its user attributes) and the search goes on. Studies live in any optuna storage
-(`sqlite:///...`, a journal file, `postgresql://...`), so a killed search resumes where it
-stopped and several workers share one study. This is the only module that imports optuna.
+Each trial samples the space's knobs (ask/tell). A layout that breaks a rule is never sent
+to the cost model: the trial is recorded with the rule's reason and a violated constraint
+(`trial.set_constraint`), which TPE and NSGA-II learn from. A layout already evaluated — by
+this process, another worker or an earlier run of the study — is not evaluated again: the
+trial reuses the stored value. Either way the nearest layout that can still be evaluated
+is queued next (`layout_index.py`), so few-feasible spaces do not stall the search. A cost
+model that raises fails that trial (the error is kept in its user attributes) and the
+search goes on. Studies live in any optuna storage (`sqlite:///...`, a journal file,
+`postgresql://...`): a killed search resumes where it stopped and workers share a study.
+This is the only module that imports optuna.
 
     ranked = search(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
                     driver={"name": "optuna", "n_trials": 40, "warm_start": "analytic"})
@@ -21,7 +23,7 @@ import math
 import multiprocessing
 import os
 import socket
-import warnings
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,11 +38,11 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from layoutsearch.costs import build_cost_model
+from layoutsearch.drivers.layout_index import LayoutIndex
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.problem import SearchProblem
 from layoutsearch.progress import Progress
 from layoutsearch.results import rank
-from layoutsearch.space import KNOBS
 
 DIRECTIONS = {
     "mfu": "maximize", "tokens_per_s": "maximize",
@@ -52,16 +54,16 @@ JOURNAL_SUFFIXES = (".log", ".journal")
 JOURNAL_SCHEME = "journal://"
 FINGERPRINT_ATTR = "layoutsearch"
 """Study user attribute holding the job, space, objectives and cost model it was made for."""
-RDB_HEARTBEAT_S = 60
-"""A worker that stops beating this long (on another machine) has its trial failed."""
-
-
-class _EvaluationFailed(Exception):
-    """The cost model raised for one layout; optuna records the trial as FAIL."""
+Outcome = tuple[TrialState, tuple[float, ...] | None]
+UNPRICED: dict[str, Any] = {
+    "mfu": None, "step_time_s": None, "tokens_per_s": None, "peak_memory_gib": None,
+    "fits": False, "reason": "",
+}
+"""Cost columns of an evaluation that returned nothing (the cost model raised)."""
 
 
 def open_storage(url: str | None) -> BaseStorage:
-    """An optuna storage from a URL: none (in memory), RDB URL, or a journal file.
+    """An optuna storage from a URL: none (in memory), an RDB URL, or a journal file.
 
     A journal file is a path ending in `.log`/`.journal`, or any path as `journal://PATH`.
     """
@@ -77,9 +79,9 @@ def open_storage(url: str | None) -> BaseStorage:
             return JournalStorage(JournalFileBackend(journal))
         if "://" not in url:
             raise ValueError("not a storage URL")
-        return RDBStorage(url, heartbeat_interval=RDB_HEARTBEAT_S,
-                          engine_kwargs={"connect_args": {"timeout": 60}}
-                          if url.startswith("sqlite") else None)
+        # SQLite: wait for other workers' writes instead of failing with "database is locked".
+        engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
+        return RDBStorage(url, engine_kwargs=engine)
     except Exception as error:
         raise LayoutSearchError(
             f"driver.storage={url!r}: cannot open it ({type(error).__name__}: {error}); use "
@@ -94,41 +96,16 @@ def _plain(value: Any) -> Any:
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
-@dataclass(frozen=True, slots=True)
-class _Encoding:
-    """The knobs a trial samples, and where each sampled layout sits in the candidates."""
-
-    params: dict[str, tuple[Any, ...]]
-    fixed: dict[str, Any]
-    positions: dict[tuple[Any, ...], int]
-
-    @classmethod
-    def of(cls, problem: SearchProblem) -> _Encoding:
-        axes = problem.space.axes()
-        table = problem.candidates
-        keys = zip(*(table[k].tolist() for k in KNOBS), strict=True)
-        return cls(
-            params={k: v for k, v in axes.items() if len(v) > 1},
-            fixed={k: v[0] for k, v in axes.items() if len(v) == 1},
-            positions={key: i for i, key in enumerate(keys)},
-        )
-
-    def layout(self, params: Mapping[str, Any]) -> tuple[Any, ...]:
-        values = {**self.fixed, **params}
-        # Sequence parallelism at tp = 1 is a no-op; the candidates keep only the "off" twin.
-        values["sequence_parallel"] = bool(values["sequence_parallel"]) and values["tp"] > 1
-        return tuple(values[k] for k in KNOBS)
-
-    @staticmethod
-    def label(layout: tuple[Any, ...]) -> str:
-        return " ".join(f"{k}={v}" for k, v in zip(KNOBS, layout, strict=True))
-
-
 def _is_evaluation(trial: FrozenTrial) -> bool:
     """A finished call of the cost model (the trials a budget counts)."""
     if "duplicate_of" in trial.user_attrs or not trial.user_attrs.get("evaluated"):
         return False
     return trial.state == TrialState.COMPLETE or "error" in trial.user_attrs
+
+
+def _feasible(trial: FrozenTrial) -> bool:
+    return trial.state == TrialState.COMPLETE and all(
+        v <= 0 for v in trial.constraints.values())
 
 
 def _alive(worker: str) -> bool:
@@ -169,33 +146,30 @@ class OptunaDriver:
     storage: str | None = None
     """optuna storage URL or journal file; None keeps the study in memory."""
     study_name: str | None = None
-    """Defaults to a name derived from the job, space and objectives, so rerunning the same
-    command with the same storage resumes the study."""
+    """Defaults to a name derived from the job, space, objectives and cost model, so
+    rerunning the same command against the same storage resumes the study."""
     n_workers: int = 1
     """Local worker processes sharing the study (needs a storage)."""
     warm_start: str | None = None
     """A cost model (e.g. `analytic`) whose top-ranked feasible layouts are tried first."""
     warm_start_top_k: int = 5
-    max_idle_trials: int = 2000
-    """Stop after this many trials in a row that evaluated nothing (the sampler keeps
-    proposing known or rule-breaking layouts)."""
     progress: bool | None = None
     """Show a progress line on stderr (None: on a terminal or LAYOUTSEARCH_PROGRESS=1)."""
-    directions: tuple[str, ...] = field(init=False)
+    directions: tuple[str, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
         objectives = [self.objectives] if isinstance(self.objectives, str) else self.objectives
-        objectives = tuple(str(o) for o in objectives)
-        for objective in objectives:
+        self.objectives = tuple(str(o) for o in objectives)
+        if not self.objectives:
+            raise LayoutSearchError("driver.objectives: needs at least one objective")
+        for objective in self.objectives:
             if objective not in DIRECTIONS:
                 raise LayoutSearchError(unknown_name_message("objective", objective, DIRECTIONS))
-        if not objectives:
-            raise LayoutSearchError("driver.objectives: needs at least one objective")
         if self.sampler not in SAMPLERS:
             raise LayoutSearchError(unknown_name_message("sampler", self.sampler, SAMPLERS))
-        for name in ("n_trials", "n_workers", "warm_start_top_k", "max_idle_trials"):
+        for name in ("n_trials", "n_workers", "warm_start_top_k"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or int(value) != value
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise LayoutSearchError(f"driver.{name}={value!r}: must be a positive integer")
         if self.n_workers > 1 and not self.storage:
@@ -203,41 +177,23 @@ class OptunaDriver:
                 f"driver.n_workers={self.n_workers}: workers share a study through a storage; "
                 "set driver.storage=sqlite:///study.db or a journal file (study.log)"
             )
-        self.objectives = objectives
-        self.directions = tuple(DIRECTIONS[o] for o in objectives)
+        self.directions = tuple(DIRECTIONS[o] for o in self.objectives)
 
-    # -- study ------------------------------------------------------------------------
     def fingerprint(self, problem: SearchProblem) -> dict[str, Any]:
-        """What a study was created for; a study made for something else is refused."""
-        print_ = {
+        """What a study was made for; a study made for another search is refused."""
+        made_for = {
             "job": problem.job.columns(),
             "space": {k: list(v) for k, v in problem.space.axes().items()},
             "objectives": list(self.objectives),
             "cost_model": problem.cost_model.name,
         }
-        return dict(json.loads(json.dumps(print_, default=_plain)))
-
-    def _study_name(self, fingerprint: Mapping[str, Any]) -> str:
-        if self.study_name:
-            return self.study_name
-        digest = hashlib.sha1(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
-        return f"layoutsearch-{digest[:12]}"
-
-    def _sampler(self, worker: int) -> optuna.samplers.BaseSampler:
-        seed = None if self.seed is None else self.seed + worker
-        if self.sampler == "random":
-            return optuna.samplers.RandomSampler(seed=seed)
-        if self.sampler == "nsga2":
-            return optuna.samplers.NSGAIISampler(seed=seed)
-        return optuna.samplers.TPESampler(
-            seed=seed, n_startup_trials=self.n_startup_trials, multivariate=self.multivariate,
-            constant_liar=True,  # running trials of other workers repel new samples
-        )
+        return dict(json.loads(json.dumps(made_for, default=_plain)))
 
     def open_study(self, problem: SearchProblem, worker: int = 0) -> optuna.Study:
         """Create the study, or load it and check that it was made for this search."""
         fingerprint = self.fingerprint(problem)
-        name = self._study_name(fingerprint)
+        digest = hashlib.sha1(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
+        name = self.study_name or f"layoutsearch-{digest[:12]}"
         storage = open_storage(self.storage)
         try:
             study = optuna.create_study(
@@ -255,42 +211,52 @@ class OptunaDriver:
             study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
         elif stored != fingerprint:
             raise LayoutSearchError(
-                f"study {name!r} in {self.storage!r} was created for another search: "
+                f"study {name!r} in {self.storage!r} was made for another search: "
                 + "; ".join(_differences(stored, fingerprint))
-                + "; use another driver.study_name or storage"
+                + "; use another driver.study_name or driver.storage"
             )
         return study
 
+    def _sampler(self, worker: int) -> optuna.samplers.BaseSampler:
+        seed = None if self.seed is None else self.seed + worker
+        if self.sampler == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        if self.sampler == "nsga2":
+            return optuna.samplers.NSGAIISampler(seed=seed)
+        return optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=self.n_startup_trials, multivariate=self.multivariate,
+            constant_liar=True,  # other workers' running trials repel new samples
+        )
+
+    def run(self, problem: SearchProblem) -> pd.DataFrame:
+        verbosity = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress line replaces it
+        try:
+            index = LayoutIndex.of(problem)
+            study = self.open_study(problem)
+            _fail_dead_workers(study)
+            self._warm_start(study, problem, index)
+            if self.n_workers == 1:
+                _Worker(self, problem, index, study, 0).run()
+            else:
+                _release(study)
+                self._run_workers(problem)
+            return self.results(study, problem, index)
+        finally:
+            optuna.logging.set_verbosity(verbosity)
+
     def _warm_start(self, study: optuna.Study, problem: SearchProblem,
-                    encoding: _Encoding) -> None:
-        """Enqueue the best feasible layouts by the `warm_start` cost model (once per study)."""
+                    index: LayoutIndex) -> None:
+        """Queue the best feasible layouts by the `warm_start` cost model (once per study)."""
         if not self.warm_start:
             return
         guess = SearchProblem(problem.job, problem.space, problem.candidates,
                               build_cost_model(self.warm_start), problem.clusters)
         ranked = rank(guess.evaluate(guess.feasible_candidates()))
         for _, row in ranked.head(self.warm_start_top_k).iterrows():
-            params = {k: _plain(row[k]) for k in encoding.params}
-            study.enqueue_trial(params, user_attrs={"warm_start": self.warm_start},
-                                skip_if_exists=True)
-
-    # -- search -----------------------------------------------------------------------
-    def run(self, problem: SearchProblem) -> pd.DataFrame:
-        verbosity = optuna.logging.get_verbosity()
-        optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress line replaces it
-        try:
-            encoding = _Encoding.of(problem)
-            study = self.open_study(problem)
-            _fail_dead_workers(study)
-            self._warm_start(study, problem, encoding)
-            if self.n_workers == 1:
-                self._optimize(study, problem, encoding, worker=0)
-            else:
-                _release(study)
-                self._run_workers(problem)
-            return self.results(study, problem, encoding)
-        finally:
-            optuna.logging.set_verbosity(verbosity)
+            params = {k: _plain(row[k]) for k in index.params}
+            study.enqueue_trial(params, skip_if_exists=True, user_attrs={
+                "warm_start": self.warm_start, "layout": index.label(params)})
 
     def _run_workers(self, problem: SearchProblem) -> None:
         # fork shares the problem with the workers without pickling it; spawn elsewhere.
@@ -298,60 +264,49 @@ class OptunaDriver:
                    if "fork" in multiprocessing.get_all_start_methods()
                    else multiprocessing.get_context("spawn"))
         errors = context.SimpleQueue()
-        workers = [context.Process(target=_worker, args=(self, problem, i, errors))
+        workers = [context.Process(target=_work, args=(self, problem, i, errors))
                    for i in range(self.n_workers)]
         for process in workers:
             process.start()
         for process in workers:
             process.join()
-        messages = [errors.get() for _ in range(sum(p.exitcode != 0 for p in workers))
-                    if not errors.empty()]
         if any(p.exitcode != 0 for p in workers):
-            codes = [p.exitcode for p in workers]
+            messages = []
+            while not errors.empty():
+                messages.append(errors.get())
             raise LayoutSearchError(
-                f"optuna workers failed (exit codes {codes}): {'; '.join(messages)}"
+                f"optuna workers failed (exit codes {[p.exitcode for p in workers]}): "
+                + "; ".join(messages)
             )
 
-    def _optimize(self, study: optuna.Study, problem: SearchProblem, encoding: _Encoding,
-                  worker: int) -> None:
-        objective = _Objective(self, problem, encoding, worker)
-        if objective.should_stop(study):
-            return
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.optimize(objective, n_trials=None, timeout=self.timeout,
-                           catch=(_EvaluationFailed,), callbacks=[objective.after_trial])
-        objective.progress.close()
-
-    # -- results ----------------------------------------------------------------------
     def results(self, study: optuna.Study, problem: SearchProblem,
-                encoding: _Encoding) -> pd.DataFrame:
+                index: LayoutIndex) -> pd.DataFrame:
         """One row per evaluated layout: the candidate, its costs, the trial that priced it."""
         evaluated = [t for t in study.get_trials(deepcopy=False) if _is_evaluation(t)]
-        positions = [encoding.positions[encoding.layout(t.params)] for t in evaluated]
-        rows = problem.candidates.iloc[positions].drop(columns="rule_reason")
-        costs = pd.DataFrame(
-            [t.user_attrs.get("costs") or {"fits": False, "reason": t.user_attrs["error"]}
-             for t in evaluated],
-            index=rows.index,
-        )
+        rows = problem.candidates.iloc[[index.rows[t.user_attrs["layout"]] for t in evaluated]]
+        records = [{**UNPRICED, **(t.user_attrs.get("costs")
+                                   or {"reason": t.user_attrs.get("error", "")})}
+                   for t in evaluated]
+        costs = pd.DataFrame(records, index=rows.index, columns=list(UNPRICED) if not records
+                             else None)
         for column in ("mfu", "step_time_s", "tokens_per_s", "peak_memory_gib"):
-            costs[column] = (pd.to_numeric(costs[column], errors="coerce")
-                             if column in costs.columns else np.nan)
+            costs[column] = pd.to_numeric(costs[column], errors="coerce")
         costs["fits"] = costs["fits"].fillna(False).astype(bool)
         costs["reason"] = costs["reason"].fillna("").astype(str)
-        out = rows.join(costs)
+        out = rows.drop(columns="rule_reason").join(costs)
         out["trial"] = np.array([t.number for t in evaluated], dtype=np.int64)
         if len(self.objectives) > 1:
-            front = {t.number for t in study.best_trials}
-            out["pareto"] = out["trial"].isin(front)
-        return out.reset_index(drop=True)
+            out["pareto"] = out["trial"].isin({t.number for t in study.best_trials})
+        out = out.reset_index(drop=True)
+        out.attrs["study_name"] = study.study_name
+        out.attrs["trials"] = len(study.get_trials(deepcopy=False))
+        return out
 
 
 def _differences(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
     out = []
-    for part in wanted:
-        old, new = stored.get(part), wanted[part]
+    for part, new in wanted.items():
+        old = stored.get(part)
         if isinstance(old, Mapping) and isinstance(new, Mapping):
             out += [f"{part} {key}: study {old.get(key)!r}, this search {new.get(key)!r}"
                     for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
@@ -376,67 +331,100 @@ def _fail_dead_workers(study: optuna.Study) -> None:
             study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
 
 
-def _worker(driver: OptunaDriver, problem: SearchProblem, index: int, errors: Any) -> None:
+def _work(driver: OptunaDriver, problem: SearchProblem, number: int, errors: Any) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        study = driver.open_study(problem, worker=index)
-        driver._optimize(study, problem, _Encoding.of(problem), worker=index)
+        study = driver.open_study(problem, worker=number)
+        _Worker(driver, problem, LayoutIndex.of(problem), study, number).run()
     except BaseException as error:
-        errors.put(f"worker {index}: {type(error).__name__}: {error}")
+        errors.put(f"worker {number}: {type(error).__name__}: {error}")
         raise SystemExit(1) from None
 
 
-class _Objective:
-    """One trial: map the sample to a layout, then reject, reuse or evaluate it."""
+class _Worker:
+    """Asks for trials and answers each: reject, reuse or evaluate its layout."""
 
-    def __init__(self, driver: OptunaDriver, problem: SearchProblem, encoding: _Encoding,
-                 worker: int) -> None:
-        self.driver = driver
-        self.problem = problem
-        self.encoding = encoding
+    def __init__(self, driver: OptunaDriver, problem: SearchProblem, index: LayoutIndex,
+                 study: optuna.Study, number: int) -> None:
+        self.driver, self.problem, self.index, self.study = driver, problem, index, study
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
-        self.feasible = int((problem.candidates["rule_reason"] == "").sum())
         self.worst = tuple(0.0 if d == "maximize" else math.inf for d in driver.directions)
-        self.idle = 0
-        label = "optuna" if driver.n_workers == 1 else f"optuna worker {worker}"
+        self.rng = np.random.default_rng(None if driver.seed is None else driver.seed + number)
+        label = "optuna" if driver.n_workers == 1 else f"optuna worker {number}"
         self.progress = Progress(total=driver.n_trials, label=label, enabled=driver.progress)
 
-    def __call__(self, trial: Trial) -> tuple[float, ...]:
-        params = {k: trial.suggest_categorical(k, v) for k, v in self.encoding.params.items()}
-        layout = self.encoding.layout(params)
-        label = self.encoding.label(layout)
+    def run(self) -> None:
+        deadline = time.monotonic() + (self.driver.timeout or math.inf)
+        with self.progress:
+            while not self.done() and time.monotonic() < deadline:
+                trial = self.study.ask()
+                state, values = self.answer(trial)
+                self.study.tell(trial, values, state=state)
+
+    def done(self) -> bool:
+        trials = self.study.get_trials(deepcopy=False)
+        evaluations = [t for t in trials if _is_evaluation(t)]
+        budget = self.driver.n_trials
+        if budget is not None and len(evaluations) >= budget:
+            return True
+        if len(evaluations) >= len(self.index.open):
+            return True  # every layout that passes the rules has been priced
+        target = self.driver.target
+        if target is None:
+            return False
+        sign = 1.0 if self.driver.directions[0] == "maximize" else -1.0
+        return any(_feasible(t) and sign * (t.values[0] - target) >= 0 for t in evaluations)
+
+    def answer(self, trial: Trial) -> Outcome:
+        params = {k: trial.suggest_categorical(k, v) for k, v in self.index.params.items()}
+        label = self.index.label(params)
         trial.set_user_attr("layout", label)
         trial.set_user_attr("worker", self.worker)
-        position = self.encoding.positions.get(layout)
+        position = self.index.rows.get(label)
         reason = ("not a candidate of this search" if position is None
                   else str(self.problem.candidates["rule_reason"].iat[position]))
+        trials = self.study.get_trials(deepcopy=False)
         if reason:
             trial.set_user_attr("reason", reason)
             trial.set_constraint("rules", 1.0)
-            return self.worst
-        assert position is not None
-        for other in trial.study.get_trials(deepcopy=False):
+            self.queue_nearest(params, trials)
+            return TrialState.COMPLETE, self.worst
+        for other in trials:
             if other.number == trial.number or other.user_attrs.get("layout") != label:
                 continue
             if other.state == TrialState.RUNNING:
-                # Another worker is pricing it; both may back off, neither evaluates twice.
+                # Another worker is pricing it; if both back off, neither evaluates twice.
                 trial.set_user_attr("reason", f"being evaluated in trial {other.number}")
-                raise optuna.TrialPruned()
+                self.queue_nearest(params, trials)
+                return TrialState.PRUNED, None
             if _is_evaluation(other):
-                return self._reuse(trial, other)
-        return self._evaluate(trial, position)
+                self.queue_nearest(params, trials)
+                return self.reuse(trial, other)
+        assert position is not None
+        return self.evaluate(trial, position)
 
-    def _reuse(self, trial: Trial, other: FrozenTrial) -> tuple[float, ...]:
+    def queue_nearest(self, params: Mapping[str, Any], trials: list[FrozenTrial]) -> None:
+        """Queue the closest layout nobody has priced, is pricing or has queued."""
+        taken = {self.index.rows[t.user_attrs["layout"]] for t in trials
+                 if t.user_attrs.get("layout") in self.index.rows
+                 and (_is_evaluation(t) or t.state in (TrialState.RUNNING, TrialState.WAITING))}
+        nearest = self.index.nearest(params, taken, self.rng)
+        if nearest is not None:
+            near = self.index.params_of(nearest)
+            self.study.enqueue_trial(near, skip_if_exists=True,
+                                     user_attrs={"layout": self.index.labels[nearest]})
+
+    def reuse(self, trial: Trial, other: FrozenTrial) -> Outcome:
         trial.set_user_attr("duplicate_of", other.number)
         trial.set_user_attr("reason", other.user_attrs.get("reason", ""))
         if other.state != TrialState.COMPLETE:  # the cost model failed on this layout
             trial.set_constraint("fits", 1.0)
-            return self.worst
+            return TrialState.COMPLETE, self.worst
         for key, value in other.constraints.items():
             trial.set_constraint(key, value)
-        return tuple(other.values)
+        return TrialState.COMPLETE, tuple(other.values)
 
-    def _evaluate(self, trial: Trial, position: int) -> tuple[float, ...]:
+    def evaluate(self, trial: Trial, position: int) -> Outcome:
         trial.set_user_attr("evaluated", True)
         try:
             scored = self.problem.evaluate(self.problem.candidates.iloc[[position]])
@@ -444,40 +432,13 @@ class _Objective:
             message = f"cost model error: {type(error).__name__}: {error}"
             trial.set_user_attr("error", message)
             trial.set_user_attr("reason", message)
-            raise _EvaluationFailed(message) from error
+            return TrialState.FAIL, None
         self.progress.update(scored)
         row = scored.iloc[0]
-        costs = {c: _plain(row[c]) for c in scored.columns
-                 if c not in self.problem.candidates.columns}
-        trial.set_user_attr("costs", costs)
+        trial.set_user_attr("costs", {c: _plain(row[c]) for c in scored.columns
+                                      if c not in self.problem.candidates.columns})
         trial.set_user_attr("reason", str(row["reason"]))
         values = tuple(float(row[o]) for o in self.driver.objectives)
         feasible = bool(row["fits"]) and all(math.isfinite(v) for v in values)
         trial.set_constraint("fits", 0.0 if feasible else 1.0)
-        return values if feasible else self.worst
-
-    def should_stop(self, study: optuna.Study) -> bool:
-        trials = study.get_trials(deepcopy=False)
-        evaluations = [t for t in trials if _is_evaluation(t)]
-        if self.driver.n_trials is not None and len(evaluations) >= self.driver.n_trials:
-            return True
-        if len({t.user_attrs["layout"] for t in evaluations}) >= self.feasible:
-            return True  # every layout that passes the rules has been priced
-        target = self.driver.target
-        if target is not None:
-            sign = 1.0 if self.driver.directions[0] == "maximize" else -1.0
-            return any(t.state == TrialState.COMPLETE and not any(
-                v > 0 for v in t.constraints.values()) and sign * (t.values[0] - target) >= 0
-                for t in evaluations)
-        return False
-
-    def after_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        self.idle = 0 if _is_evaluation(trial) else self.idle + 1
-        if self.idle >= self.driver.max_idle_trials:
-            warnings.warn(
-                f"optuna search stopped: {self.idle} trials in a row proposed layouts that "
-                "were already evaluated or break a rule", stacklevel=1,
-            )
-            study.stop()
-        elif self.should_stop(study):
-            study.stop()
+        return TrialState.COMPLETE, values if feasible else self.worst
