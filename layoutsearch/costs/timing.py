@@ -50,13 +50,20 @@ BACKWARD_FLOPS = 2.0  # dgrad and wgrad GEMMs are each as large as the forward G
 OPTIMIZER_TRAFFIC = 26.0
 
 
-def _ring_bandwidth(sh: Shapes, k: Mapping[str, Array], group_span: Array) -> Array:
-    """Bus bandwidth of a collective whose ranks span `group_span` consecutive GPUs."""
-    inside = group_span <= sh.gpus_per_node
+def _bus_bandwidth(sh: Shapes, k: Mapping[str, Array], size: Array, stride: Array) -> Array:
+    """NCCL bus bandwidth, bytes/s, of a group of `size` ranks `stride` ranks apart.
+
+    Inside one node it is NVLink's. Across nodes NCCL runs one ring per NIC, so a group with
+    r ranks on each node moves its inter-node traffic over r NICs at once (r × the per-GPU
+    NIC rate, at most NVLink's); a group with one rank per node has one NIC.
+    """
+    span = (size - 1) * stride + 1
+    ranks_per_node = np.clip(sh.gpus_per_node // np.maximum(stride, 1), 1, size)
+    network = np.minimum(ranks_per_node * sh.inter_node_bandwidth, sh.intra_node_bandwidth)
     return np.where(
-        inside,
+        span <= sh.gpus_per_node,
         sh.intra_node_bandwidth * k["nvlink_efficiency"],
-        sh.inter_node_bandwidth * k["network_efficiency"],
+        network * k["network_efficiency"],
     )
 
 
@@ -95,7 +102,7 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
 
     # Tensor parallelism: two all-reduces of the T×h activations forward and two backward
     # (with sequence parallelism all-gather + reduce-scatter pairs of the same volume).
-    tp_bandwidth = _ring_bandwidth(sh, k, t)
+    tp_bandwidth = _bus_bandwidth(sh, k, t, np.ones_like(t))
     tp_collective_s = np.where(t > 1, 2 * (t - 1) / t * 2.0 * T * h / tp_bandwidth, 0.0)
     tp_fwd_s = 2 * tp_collective_s
 
@@ -113,34 +120,45 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     )
     forward_equivalents = passes + np.where(full, 1.0, 0.0)
 
-    layers = sh.layers_per_stage
-    gemm = layers * passes * (attn_gemm_fwd_s + mlp_gemm_fwd_s)
-    attention = layers * attention_s
-    elementwise = layers * (1 + BACKWARD_TRAFFIC) * elementwise_fwd_s
-    recompute = layers * recompute_layer_s
-    tp_comm = layers * (tp_fwd_s * 2 + np.where(full, tp_fwd_s, 0.0))
-    overhead = layers * forward_equivalents * k["kernel_overhead_s"]
-
     # The last stage also runs the output layer and the loss (the slowest stage).
     logits_flops = 2 * T * h * sh.vocab / t
     logits = passes * logits_flops / gemm_rate + LOSS_TRAFFIC * T * sh.vocab / t / bandwidth
 
     # Pipeline: activations cross each stage boundary forward and their gradients backward;
     # neighbouring stages sit tp·cp·dp ranks apart, on another node beyond gpus_per_node.
-    pp_span = t * sh.cp * sh.dp + 1
-    # Each TP rank sends its 1/tp slice (Megatron's scatter-gather, or the SP shard).
+    # Each TP rank sends its 1/tp slice (Megatron's scatter-gather, or the SP shard) over
+    # its own link: a pair of ranks tp·cp·dp apart.
     p2p_bytes = 2.0 * T * h / t
-    pp_comm_mb = np.where(sh.pp > 1, 2 * p2p_bytes / _ring_bandwidth(sh, k, pp_span), 0.0)
+    pair = _bus_bandwidth(sh, k, np.full_like(t, 2.0), t * sh.cp * sh.dp)
+    pp_comm_mb = np.where(sh.pp > 1, 2 * p2p_bytes / pair, 0.0)
 
-    stage_mb = gemm + attention + elementwise + recompute + tp_comm + overhead
+    # The slowest stage paces the pipeline: a stage of ceil(L/pp) layers, or the last stage
+    # with its layers plus the output layer and loss. An uneven split gives the last stage
+    # the smaller share (Megatron-LM: --decoder-last-pipeline-num-layers).
+    per_layer = {
+        "gemm": passes * (attn_gemm_fwd_s + mlp_gemm_fwd_s),
+        "attention": attention_s,
+        "elementwise": (1 + BACKWARD_TRAFFIC) * elementwise_fwd_s,
+        "recompute": recompute_layer_s,
+        "tp_comm": tp_fwd_s * 2 + np.where(full, tp_fwd_s, 0.0),
+        "overhead": forward_equivalents * k["kernel_overhead_s"],
+    }
+    layer_s = sum(per_layer.values())
+    heavy_layers = sh.layers_per_stage
+    last_layers = np.where(sh.pp > 1, np.floor(sh.num_layers / sh.pp), heavy_layers)
+    last_is_slowest = last_layers * layer_s + logits >= heavy_layers * layer_s
+    stage_layers = np.where(last_is_slowest, last_layers, heavy_layers)
+    stage_logits = np.where(last_is_slowest, logits, 0.0)
+    mean_stage_mb = (sh.num_layers * layer_s + logits) / sh.pp
     m = sh.micro_batches
-    bubble = (sh.pp - 1) / sh.vp * (stage_mb + logits / sh.pp)
+    # 1F1B fill and drain: (pp-1)/vp stage times of the average stage (Narayanan et al. 2021).
+    bubble = (sh.pp - 1) / sh.vp * mean_stage_mb
 
     # Data parallelism: reduce-scatter the gradients and all-gather the updated bf16 weights
     # (distributed optimizer), or all-reduce the gradients; ranks are tp·cp apart.
     d = sh.dp
     P = sh.params_per_gpu
-    dp_bandwidth = _ring_bandwidth(sh, k, t * sh.cp * d)
+    dp_bandwidth = _bus_bandwidth(sh, k, d, t * sh.cp)
     dp_volume = np.where(
         sh.distributed_optimizer,
         (d - 1) / d * P * (k["gradient_bytes"] + 2.0),
@@ -150,15 +168,11 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     shard = P / np.where(sh.distributed_optimizer, d, 1.0)
     optimizer = OPTIMIZER_TRAFFIC * shard / bandwidth
 
+    parts = {name: m * stage_layers * value for name, value in per_layer.items()}
     return {
-        "gemm": m * gemm,
-        "attention": m * attention,
-        "elementwise": m * elementwise,
-        "logits": m * logits,
-        "recompute": m * recompute,
-        "tp_comm": m * tp_comm,
+        **parts,
+        "logits": m * stage_logits,
         "pp_comm": m * pp_comm_mb,
-        "overhead": m * overhead,
         "bubble": bubble,
         "dp_comm": dp_comm,
         "optimizer": optimizer,
