@@ -10,6 +10,7 @@ every priced candidate, and the best MFU of each tp × pp cell as a heatmap.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -116,12 +117,16 @@ def tp_pp_heatmap(ranked: pd.DataFrame) -> Figure:
     image = ax.imshow(np.ma.masked_invalid(values), cmap="viridis", aspect="auto")
     ax.set_facecolor("#dddddd")
     priced = ranked[ranked["mfu"].notna()].groupby(["pp", "tp"]).size()
+    # A cell that was never priced broke a rule everywhere; name its most common one.
+    rule = ranked.groupby(["pp", "tp"])["reason"].agg(lambda r: r.str.split("; ").str[0].mode()[0])
     for (i, j), value in np.ndenumerate(values):
-        # An empty cell either was priced and ran out of memory or broke a rule everywhere.
-        empty = "does not fit" if (pps[i], tps[j]) in priced.index else "breaks a rule"
+        cell = (pps[i], tps[j])
+        empty = "does not fit" if cell in priced.index else textwrap.fill(
+            str(rule.get(cell, "no layout")), 24)
         text = empty if np.isnan(value) else f"{value:.1f}"
         colour = "black" if np.isnan(value) or value > np.nanmean(values) else "white"
-        ax.text(j, i, text, ha="center", va="center", fontsize=9, color=colour)
+        ax.text(j, i, text, ha="center", va="center", fontsize=9 if "\n" not in text else 7,
+                color=colour)
     ax.set_xticks(range(len(tps)), [str(t) for t in tps])
     ax.set_yticks(range(len(pps)), [str(p) for p in pps])
     ax.set_xlabel("tensor parallel size tp")

@@ -1,0 +1,125 @@
+"""One table for a whole `--multirun`: every job's overrides, best layout and MFU.
+
+A Hydra callback (registered under `hydra.callbacks` in `conf/layoutsearch.yaml`) that, when
+the sweep ends, reads each job's `ranked.csv` and `.hydra/overrides.yaml` from the sweep
+directory (so it works with any launcher, local or remote) and writes `multirun.csv`,
+`multirun.md` and `multirun_mfu.png` there.
+
+    layoutsearch --multirun model=llama_13b,llama_30b num_gpus=64,128 seq_length=2048,8192
+    table = collect_sweep(Path("multirun/2026-01-01/12-00-00"))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+from hydra.experimental.callback import Callback
+from matplotlib.figure import Figure
+from omegaconf import DictConfig
+
+from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.reporting.explain import label
+from layoutsearch.reporting.markdown import markdown_table
+
+JOB_COLUMNS = ("model", "vocab_size", "gpu", "num_gpus", "seq_length", "global_batch_size")
+BEST_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "tokens_per_s", "peak_memory_gib",
+                "fits", "reason")
+
+
+def _overrides(job_dir: Path) -> str:
+    path = job_dir / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return ""
+    return " ".join(str(o) for o in yaml.safe_load(path.read_text()) or [])
+
+
+def collect_sweep(sweep_dir: Path) -> pd.DataFrame:
+    """One row per job of the sweep that wrote a `ranked.csv`: its best (first) row."""
+    rows: list[dict[str, Any]] = []
+    for csv in sorted(sweep_dir.rglob("ranked.csv"), key=lambda p: _job_key(sweep_dir, p)):
+        ranked = pd.read_csv(csv)
+        job_dir = csv.parent
+        row: dict[str, Any] = {"job": str(job_dir.relative_to(sweep_dir)),
+                               "overrides": _overrides(job_dir)}
+        if ranked.empty:
+            rows.append(row)
+            continue
+        best = ranked.iloc[0]
+        row.update({c: best[c] for c in JOB_COLUMNS if c in best.index})
+        row["candidates"] = len(ranked)
+        row["feasible"] = int(ranked["fits"].astype(bool).sum())
+        row.update({c: best[c] for c in BEST_COLUMNS if c in best.index})
+        row["layout"] = label(best) if bool(best["fits"]) else ""
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _job_key(sweep_dir: Path, csv: Path) -> tuple[Any, ...]:
+    # Hydra numbers jobs 0, 1, ... 10: sort numerically, not as text.
+    parts = csv.parent.relative_to(sweep_dir).parts
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts)
+
+
+def mfu_figure(table: pd.DataFrame) -> Figure:
+    """The best MFU of every job of the sweep as horizontal bars."""
+    names = [f"{r['overrides'] or r['job']}" for _, r in table.iterrows()]
+    empty = pd.Series(np.nan, index=table.index)
+    mfu = 100 * pd.to_numeric(table.get("mfu", empty), errors="coerce").fillna(0.0).to_numpy()
+    fits = table.get("fits", empty).fillna(False).astype(bool).to_numpy()
+    fig = Figure(figsize=(10, 1.5 + 0.35 * len(table)), dpi=110, layout="constrained")
+    ax = fig.subplots()
+    bars = ax.barh(names, np.where(fits, mfu, 0.0), color="tab:blue")
+    for bar, value, fit in zip(bars, mfu, fits, strict=True):
+        ax.text(bar.get_width() + 0.5, bar.get_y() + bar.get_height() / 2,
+                f"{value:.1f} %" if fit else "nothing fits", va="center", fontsize=8)
+    ax.invert_yaxis()  # the first job on top
+    ax.set_xlabel("best MFU (%)")
+    ax.set_xlim(0, max(float(mfu.max(initial=0.0)) * 1.15, 10.0))
+    ax.set_title("Best layout's MFU per job of the sweep")
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def write_summary(table: pd.DataFrame, sweep_dir: Path) -> Path:
+    """`multirun.csv`, `multirun_mfu.png` and `multirun.md` in the sweep directory."""
+    table.to_csv(sweep_dir / "multirun.csv", index=False)
+    lines = [f"# Sweep summary: {len(table)} jobs", ""]
+    if not table.empty:
+        mfu_figure(table).savefig(sweep_dir / "multirun_mfu.png")
+        rows = []
+        for _, r in table.iterrows():
+            fits = bool(r.get("fits", False)) if pd.notna(r.get("fits")) else False
+            rows.append([
+                f"[{r['job']}]({r['job']}/report.md)", r["overrides"] or "(defaults)",
+                r["layout"] if fits else f"nothing fits: {r.get('reason', '')}",
+                f"{100 * r['mfu']:.1f}" if fits else "—",
+                f"{r['step_time_s']:.2f}" if fits else "—",
+                f"{r['peak_memory_gib']:.1f}" if fits else "—",
+            ])
+        lines += ["![best MFU per job](multirun_mfu.png)", "",
+                  markdown_table(rows, ["job", "overrides", "best layout", "MFU (%)",
+                                        "step time (s)", "peak memory (GiB)"]), ""]
+    path = sweep_dir / "multirun.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+class MultirunSummary(Callback):
+    """Hydra callback: collect the sweep's results when the multirun ends."""
+
+    def __init__(self) -> None:
+        self.sweep_dir: Path | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # Resolve now: the sweep dir interpolates ${now:...}, which must not drift.
+        self.sweep_dir = Path(str(config.hydra.sweep.dir))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = self.sweep_dir or Path(str(config.hydra.sweep.dir))
+        if sweep_dir.is_dir():
+            path = write_summary(collect_sweep(sweep_dir), sweep_dir)
+            print(f"wrote {path} and {sweep_dir / 'multirun.csv'}")

@@ -1,0 +1,60 @@
+"""The multirun callback: one table and a summary for a whole sweep."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from layoutsearch.multirun import collect_sweep, write_summary
+
+
+def _job(sweep: Path, name: str, overrides: list[str], rows: list[dict[str, object]]) -> None:
+    job = sweep / name
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    pd.DataFrame(rows).to_csv(job / "ranked.csv", index=False)
+
+
+ROW = {"model": "llama_13b", "num_gpus": 64, "seq_length": 2048, "global_batch_size": 2048,
+       "tp": 1, "pp": 2, "dp": 32, "micro_batch_size": 1, "sequence_parallel": False,
+       "attention": "flash2", "rmsnorm_kernel": True, "recompute": "none", "mfu": 0.61,
+       "step_time_s": 20.0, "peak_memory_gib": 70.0, "fits": True, "reason": ""}
+
+
+def test_collect_takes_each_jobs_best_row_in_job_order(tmp_path: Path) -> None:
+    _job(tmp_path, "10", ["num_gpus=128"], [{**ROW, "num_gpus": 128, "mfu": 0.5},
+                                            {**ROW, "mfu": 0.4}])
+    _job(tmp_path, "2", ["num_gpus=64"], [ROW])
+    _job(tmp_path, "3", ["num_gpus=8"], [{**ROW, "fits": False, "mfu": None,
+                                          "reason": "needs 120 GiB > 80 GiB"}])
+    table = collect_sweep(tmp_path)
+    assert list(table["job"]) == ["2", "3", "10"]  # numeric, not text order
+    assert list(table["overrides"]) == ["num_gpus=64", "num_gpus=8", "num_gpus=128"]
+    assert table.loc[2, "mfu"] == 0.5 and table.loc[2, "candidates"] == 2
+    assert table.loc[0, "layout"] == "tp1 pp2 dp32 mb1 flash2+rmsnorm recompute=none"
+    summary = write_summary(table, tmp_path).read_text()
+    assert "nothing fits: needs 120 GiB > 80 GiB" in summary
+    assert "| [2](2/report.md) | num_gpus=64 | tp1 pp2" in summary
+    assert pd.read_csv(tmp_path / "multirun.csv").shape[0] == 3
+    assert (tmp_path / "multirun_mfu.png").stat().st_size > 5_000
+
+
+def test_the_command_writes_the_sweep_table(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "layoutsearch.cli", "--multirun", "num_gpus=64,128",
+         "search_spaces.tp=[1,2]", "search_spaces.pp=[1,2]", f"hydra.sweep.dir={tmp_path}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    table = pd.read_csv(tmp_path / "multirun.csv")
+    assert [o.split()[0] for o in table["overrides"]] == ["num_gpus=64", "num_gpus=128"]
+    assert list(table["num_gpus"]) == [64, 128]
+    for job in ("0", "1"):
+        ranked = pd.read_csv(tmp_path / job / "ranked.csv")
+        assert table.loc[int(job), "mfu"] == ranked.loc[0, "mfu"]
+        assert (tmp_path / job / "report.md").is_file()
+    assert "# Sweep summary: 2 jobs" in (tmp_path / "multirun.md").read_text()
