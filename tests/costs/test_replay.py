@@ -1,0 +1,110 @@
+"""The replay cost model: measured rows price their layouts, nothing is guessed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from layoutsearch.catalog import clusters_by_gpu
+from layoutsearch.costs import PREDICTION_COLUMNS, ReplayCostModel, build_cost_model
+from layoutsearch.errors import LayoutSearchError
+
+
+def _runs(base: dict[str, Any], *changes: dict[str, Any]) -> pd.DataFrame:
+    """Rows of the fixture's run, changed; sharded optimizer as the candidates default."""
+    return pd.DataFrame([{**base, "distributed_optimizer": True, **change}
+                         for change in changes])
+
+
+@pytest.fixture
+def runs_csv(tmp_path: Path, measurement_row: dict[str, Any]) -> Path:
+    path = tmp_path / "runs.csv"
+    _runs(
+        measurement_row,
+        {"step_time_s": 30.0, "mfu": 0.60},                      # tp2, measured twice:
+        {"step_time_s": 34.0, "mfu": 0.52},                      # ... averaged
+        {"tp": 1, "dp": 64, "status": "oom", "step_time_s": None, "mfu": None},
+        {"tp": 4, "dp": 16, "sequence_parallel": True, "mfu": 0.5, "step_time_s": 36.0},
+    ).to_csv(path, index=False)
+    return path
+
+
+def test_ok_rows_are_averaged_and_tokens_per_s_derived(runs_csv: Path, candidate: Any) -> None:
+    model = build_cost_model("replay", path=str(runs_csv))
+    rows = candidate("llama_13b", tp=2, attention="flash2", rmsnorm_kernel=True)
+    rows["vocab_size"] = 32000
+    scored = model.score(rows, clusters_by_gpu())
+    assert set(PREDICTION_COLUMNS) <= set(scored.columns)
+    row = scored.iloc[0]
+    assert row["step_time_s"] == pytest.approx(32.0)
+    assert row["mfu"] == pytest.approx(0.56)
+    assert row["tokens_per_s"] == pytest.approx(2048 * 2048 / 32.0)
+    assert bool(row["fits"]) and row["cost_reason"] == ""
+    assert row["measured_runs"] == 2
+
+
+def test_oom_does_not_fit_and_unmeasured_is_not_guessed(runs_csv: Path,
+                                                        candidate: Any) -> None:
+    model = ReplayCostModel.load(runs_csv)
+    common = {"attention": "flash2", "rmsnorm_kernel": True}
+    rows = pd.concat([candidate("llama_13b", tp=1, **common),
+                      candidate("llama_13b", tp=8, **common)], ignore_index=True)
+    rows["vocab_size"] = 32000
+    scored = model.score(rows, clusters_by_gpu())
+    assert scored["fits"].tolist() == [False, False]
+    assert scored["cost_reason"].iloc[0] == "measured: out of memory"
+    assert scored["cost_reason"].iloc[1] == (
+        f"unmeasured: no measurement of this layout in {runs_csv}")
+    assert scored[["mfu", "step_time_s"]].isna().all().all()
+
+
+def test_matches_on_dimensions_not_the_model_name(runs_csv: Path, candidate: Any) -> None:
+    rows = candidate("llama_13b", tp=2, attention="flash2", rmsnorm_kernel=True)
+    rows["vocab_size"] = 32000
+    rows["model"] = "my-13b"  # another name, same shape: the same job
+    model = ReplayCostModel.load(runs_csv)
+    assert bool(model.score(rows, clusters_by_gpu())["fits"].iloc[0])
+    rows["num_layers"] = 41  # same name, another shape: not measured
+    rows["model"] = "llama_13b"
+    assert not bool(model.score(rows, clusters_by_gpu())["fits"].iloc[0])
+
+
+def test_sequence_parallel_at_tp1_is_the_same_layout(tmp_path: Path,
+                                                     measurement_row: dict[str, Any],
+                                                     candidate: Any) -> None:
+    path = tmp_path / "runs.csv"
+    _runs(measurement_row, {"tp": 1, "dp": 64, "sequence_parallel": True}).to_csv(path)
+    rows = candidate("llama_13b", tp=1, attention="flash2", rmsnorm_kernel=True)
+    rows["vocab_size"] = 32000
+    scored = ReplayCostModel.load(path).score(rows, clusters_by_gpu())
+    assert scored["mfu"].iloc[0] == pytest.approx(0.6)
+
+
+def test_scores_many_rows_in_order_on_the_callers_index(runs_csv: Path,
+                                                        candidate: Any) -> None:
+    knobs = [{"tp": 8}, {"tp": 2}, {"tp": 1}, {"tp": 4, "sequence_parallel": True}]
+    rows = pd.concat([candidate("llama_13b", attention="flash2", rmsnorm_kernel=True, **k)
+                      for k in knobs])
+    rows.index = [40, 30, 20, 10]
+    rows["vocab_size"] = 32000
+    scored = ReplayCostModel.load(runs_csv).score(rows, clusters_by_gpu())
+    assert scored.index.tolist() == [40, 30, 20, 10]
+    np.testing.assert_allclose(scored["mfu"].to_numpy(), [np.nan, 0.56, np.nan, 0.5])
+    assert scored["fits"].tolist() == [False, True, False, True]
+
+
+def test_bad_files_and_configs_are_named(tmp_path: Path, measurement_row: dict[str, Any]) -> None:
+    with pytest.raises(LayoutSearchError, match="needs 'path'"):
+        build_cost_model("replay")
+    with pytest.raises(LayoutSearchError, match="does not exist"):
+        build_cost_model("replay", path=str(tmp_path / "missing.csv"))
+    with pytest.raises(LayoutSearchError, match="unknown setting"):
+        build_cost_model("replay", path="x.csv", pth="y.csv")
+    bad = tmp_path / "bad.csv"
+    _runs(measurement_row, {}, {"tp": "two"}).to_csv(bad, index=False)
+    with pytest.raises(LayoutSearchError, match=r"row 3, column 'tp'"):
+        build_cost_model("replay", path=str(bad))
