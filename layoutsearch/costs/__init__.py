@@ -19,6 +19,7 @@ import yaml
 from layoutsearch.costs.analytic import AnalyticCostModel
 from layoutsearch.costs.base import PREDICTION_COLUMNS, CostModel
 from layoutsearch.costs.constants import constants_path
+from layoutsearch.costs.measured import MeasuredCostModel
 from layoutsearch.costs.replay import ReplayCostModel
 from layoutsearch.errors import LayoutSearchError
 
@@ -27,6 +28,7 @@ Factory = Callable[..., CostModel]
 COST_MODEL_TARGETS: dict[str, Factory] = {
     "layoutsearch.costs.analytic.AnalyticCostModel": AnalyticCostModel.from_config,
     "layoutsearch.costs.replay.ReplayCostModel": ReplayCostModel.from_config,
+    "layoutsearch.costs.measured.MeasuredCostModel": MeasuredCostModel.from_config,
 }
 """`_target_` -> factory(config without `_target_`, source=...). Register new models here."""
 

@@ -58,7 +58,8 @@ def write_launch_scripts(ranked: pd.DataFrame, job: Job, out_dir: str | Path,
     resolved = resolve_settings(settings)
     feasible = ranked[ranked["fits"].astype(bool)] if "fits" in ranked.columns else ranked
     paths: list[Path] = []
-    for rank, (_, row) in enumerate(feasible.head(top_k).iterrows(), start=1):
+    records = [{str(k): v for k, v in r.items()} for r in feasible.head(top_k).to_dict("records")]
+    for rank, row in enumerate(records, start=1):
         command = _command(row, job, resolved)
         if command is None:
             continue

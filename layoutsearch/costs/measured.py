@@ -1,0 +1,250 @@
+"""The measured cost model: run each candidate through Megatron-LM and read its log.
+
+Every finished trial is appended at once to a measurement file in the project's schema
+(MEASUREMENTS.md), so a search that is killed resumes where it stopped: a layout already
+in the file is never launched again. With a `prescreen` model (the analytic one) only its
+`top_k` best candidates are launched; the others say why they were not measured.
+
+    model = build_cost_model("measured", prescreen="analytic", top_k=8)
+    scored = model.score(candidates, clusters)   # launches, parses logs, appends rows
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from layoutsearch.costs.base import CostModel
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.layout import LAYOUT_COLUMNS, Layout
+from layoutsearch.measurements import REQUIRED_COLUMNS, validate_measurements
+from layoutsearch.megatron.args import command_of_row, job_of_row
+from layoutsearch.megatron.launchers import Launcher, Trial, build_launcher
+from layoutsearch.megatron.logs import LogResult, parse_log
+from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
+from layoutsearch.megatron.validation import validate_argv
+from layoutsearch.specs import ClusterSpec
+
+KEY_COLUMNS = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+    "vocab_size", "seq_length", "swiglu", "untie_embeddings", "gpu", "num_gpus",
+    "global_batch_size", *LAYOUT_COLUMNS,
+)
+"""What makes two runs the same measurement: the job's shape and the layout."""
+FILE_COLUMNS = (
+    *REQUIRED_COLUMNS, "cp", "vp", "distributed_optimizer", "peak_memory_gib",
+    "tflops_per_gpu", "tokens_per_s", "source", "message", "log_path",
+)
+"""Columns of the rows the model appends (schema-required first, then optional ones)."""
+
+
+def _plain(value: Any) -> Any:
+    value = value.item() if hasattr(value, "item") else value
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int | str) else str(value)
+
+
+def measurement_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The identity of a run: job shape and layout, types normalized (CSV or table)."""
+    return tuple(_plain(row[c]) for c in KEY_COLUMNS)
+
+
+def _trial_name(row: Mapping[str, Any]) -> str:
+    label = (f"{row['model']}_s{row['seq_length']}_g{row['num_gpus']}_"
+             f"{Layout.from_row(row).describe()}")
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
+
+
+class MeasurementFile:
+    """A measurement-schema CSV that rows are appended to, one at a time, durably."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def load(self) -> dict[tuple[Any, ...], dict[str, Any]]:
+        """Rows already measured, by measurement key (the last of repeated rows wins)."""
+        if not self.path.is_file() or self.path.stat().st_size == 0:
+            return {}
+        rows = validate_measurements(pd.read_csv(self.path), source=str(self.path))
+        records = [{str(k): v for k, v in r.items()} for r in rows.to_dict("records")]
+        return {measurement_key(r): r for r in records}
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        new = not self.path.is_file() or self.path.stat().st_size == 0
+        if new:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fields = list(FILE_COLUMNS)
+        else:
+            with self.path.open(newline="") as handle:
+                fields = next(csv.reader(handle))
+        values = {k: ("" if isinstance(v, float) and math.isnan(v) else v)
+                  for k, v in row.items()}
+        with self.path.open("a", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
+            if new:
+                writer.writeheader()
+            writer.writerow(values)
+            handle.flush()
+            os.fsync(handle.fileno())  # a SIGKILL right after must not lose the row
+
+
+def _result_row(row: Mapping[str, Any], result: LogResult, clusters: Mapping[str, ClusterSpec],
+                launcher: str, log_path: Path) -> dict[str, Any]:
+    job = job_of_row(row, clusters)
+    ok = result.status == "ok"
+    tokens_per_s = job.tokens_per_step / result.step_time_s if ok else float("nan")
+    # The study's MFU (DOMAIN.md §2): tokens/s × (6N + 12·L·h·s) / (GPUs × dense peak).
+    peak = job.num_gpus * job.cluster.gpu.peak_tflops * 1e12
+    mfu = tokens_per_s * job.model.paper_flops_per_token(job.seq_length) / peak if ok \
+        else float("nan")
+    out = {c: _plain(row[c]) for c in REQUIRED_COLUMNS if c in row}
+    out.update({c: _plain(row[c]) for c in LAYOUT_COLUMNS})
+    out.update(
+        model=row["model"], gpus_per_node=job.cluster.gpus_per_node, status=result.status,
+        step_time_s=result.step_time_s if ok else float("nan"), mfu=mfu,
+        peak_memory_gib=result.peak_memory_gib, tflops_per_gpu=result.tflops_per_gpu,
+        tokens_per_s=tokens_per_s, source=f"layoutsearch-measured:{launcher}",
+        message=result.message.replace("\n", " ")[:300], log_path=str(log_path),
+    )
+    return out
+
+
+class MeasuredCostModel:
+    """Prices layouts by running them; remembers every run in a measurement file."""
+
+    name = "measured"
+
+    def __init__(self, *, settings: MegatronSettings, measurements: str | Path,
+                 launcher: Launcher | None = None, prescreen: CostModel | None = None,
+                 top_k: int | None = None) -> None:
+        if top_k is not None and (isinstance(top_k, bool) or top_k <= 0):
+            raise LayoutSearchError(f"measured.top_k={top_k!r}: must be a positive integer")
+        self.settings = settings
+        self.file = MeasurementFile(measurements)
+        self.launcher = launcher or build_launcher(settings)
+        self.prescreen = prescreen
+        self.top_k = top_k
+        self.launched = 0
+        """Trials this instance launched (for reports and tests)."""
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], source: str = "") -> MeasuredCostModel:
+        """From `cost_models/measured.yaml`: megatron, launcher, measurements, prescreen,
+        top_k, timeout_s."""
+        known = {"megatron", "launcher", "measurements", "prescreen", "top_k", "timeout_s"}
+        unknown = set(config) - known
+        if unknown:
+            raise LayoutSearchError(
+                f"{source}: unknown setting(s) {', '.join(sorted(unknown))} for the measured "
+                f"cost model; it takes {', '.join(sorted(known))}"
+            )
+        settings = resolve_settings(config.get("megatron"))
+        changes = {k: config[k] for k in ("launcher", "timeout_s") if config.get(k) is not None}
+        if changes:
+            settings = settings.replace(**changes)
+        prescreen = None
+        if config.get("prescreen"):
+            from layoutsearch.costs import build_cost_model  # the registry imports this module
+
+            prescreen = build_cost_model(config["prescreen"])
+        top_k = config.get("top_k")
+        return cls(settings=settings, measurements=config.get("measurements") or
+                   "measurements.csv", prescreen=prescreen,
+                   top_k=int(top_k) if top_k is not None else None)
+
+    def _selection(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
+                   reasons: pd.Series) -> tuple[list[Any], pd.Series | None]:
+        """The rows to measure, best first, and the prescreen's MFU (None without one)."""
+        if self.prescreen is None:
+            chosen = list(candidates.index)
+            if self.top_k is not None:
+                reasons.loc[chosen[self.top_k:]] = f"not measured: beyond top_k={self.top_k}"
+            return chosen[: self.top_k], None
+        prior = self.prescreen.score(candidates, clusters)
+        name = self.prescreen.name
+        fits = prior["fits"].fillna(False).astype(bool)
+        reasons.loc[~fits] = (f"not measured: the {name} model predicts it does not fit: "
+                              + prior.loc[~fits, "cost_reason"].astype(str))
+        ranked = prior[fits].sort_values("mfu", ascending=False, kind="stable").index
+        chosen = list(ranked[: self.top_k] if self.top_k is not None else ranked)
+        rest = ranked[len(chosen):]
+        reasons.loc[rest] = f"not measured: outside the {name} top-{self.top_k}"
+        return chosen, prior["mfu"]
+
+    def _measure(self, row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec],
+                 ) -> dict[str, Any] | str:
+        """A new measurement row, or why the layout cannot be launched."""
+        command = command_of_row(row, clusters, self.settings)
+        if not command.exact:
+            return "not measured: " + command.notes[0]
+        errors = [p for p in validate_argv(command.argv, env=command.env,
+                                           world_size=command.num_gpus)
+                  if p.severity == "error"]
+        if errors:
+            return f"not measured: Megatron-LM would reject the command: {errors[0]}"
+        name = _trial_name(row)
+        log_path = Path(self.settings.log_dir) / f"{name}.log"
+        outcome = self.launcher.run(Trial(name=name, command=command, log_path=log_path))
+        if not outcome.ran:
+            return f"not measured: {outcome.text}"
+        self.launched += 1
+        result = parse_log(outcome.text, warmup_iters=self.settings.warmup_iters,
+                           returncode=outcome.returncode, timed_out=outcome.timed_out)
+        measured = _result_row(row, result, clusters, self.launcher.name, log_path)
+        self.file.append(measured)
+        return measured
+
+    def score(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
+              ) -> pd.DataFrame:
+        index = candidates.index
+        out = pd.DataFrame({
+            "step_time_s": np.nan, "mfu": np.nan, "tokens_per_s": np.nan,
+            "peak_memory_gib": np.nan, "fits": False, "cost_reason": "",
+            "measured_status": "", "tflops_per_gpu": np.nan,
+        }, index=index)
+        reasons = pd.Series("", index=index, dtype=object)
+        chosen, prior_mfu = self._selection(candidates, clusters, reasons)
+        if prior_mfu is not None and self.prescreen is not None:
+            out[f"{self.prescreen.name}_mfu"] = prior_mfu
+        known = self.file.load()
+        records = {i: {str(k): v for k, v in r.items()}
+                   for i, r in candidates.loc[chosen].to_dict("index").items()}
+        for i in chosen:
+            row = records[i]
+            measured = known.get(measurement_key(row))
+            if measured is None:
+                outcome = self._measure(row, clusters)
+                if isinstance(outcome, str):
+                    reasons.loc[i] = outcome
+                    continue
+                measured = outcome
+                known[measurement_key(row)] = measured
+            status = str(measured["status"])
+            out.loc[i, "measured_status"] = status
+            out.loc[i, "tflops_per_gpu"] = measured.get("tflops_per_gpu", np.nan)
+            out.loc[i, "peak_memory_gib"] = measured.get("peak_memory_gib", np.nan)
+            if status == "ok":
+                out.loc[i, ["step_time_s", "mfu", "tokens_per_s"]] = [
+                    float(measured["step_time_s"]), float(measured["mfu"]),
+                    float(measured.get("tokens_per_s") or np.nan)]
+                out.loc[i, "fits"] = True
+            else:
+                detail = str(measured.get("message") or "")
+                detail = "" if detail == "nan" else detail
+                reasons.loc[i] = f"measured {status}" + (f": {detail}" if detail else "")
+        out["cost_reason"] = reasons.astype(str)
+        out["fits"] = out["fits"].astype(bool)
+        tokens = candidates["global_batch_size"] * candidates["seq_length"]
+        out["tokens_per_s"] = out["tokens_per_s"].fillna(tokens / out["step_time_s"])
+        return out

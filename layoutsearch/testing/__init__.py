@@ -1,0 +1,65 @@
+"""Helpers for testing layoutsearch and its plug-ins on a CPU.
+
+A fake Megatron-LM (`fake_megatron/pretrain_gpt.py` and `fake_torchrun`) prints real-format
+logs priced by the analytic model, with failures injected by environment variable; and a
+conformance suite that any cost model can run.
+
+    settings = fake_megatron_settings(tmp_path, inject="2=crash,3=hang")
+    check_cost_model(MyCostModel())
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from layoutsearch.megatron.settings import MegatronSettings
+from layoutsearch.testing.conformance import check_cost_model, conformance_candidates
+
+FAKE_MEGATRON_PATH = Path(__file__).resolve().parent / "fake_megatron"
+"""A folder that looks like a Megatron-LM checkout: it holds the fake `pretrain_gpt.py`."""
+
+
+def fake_megatron_settings(workdir: str | Path, *, inject: str = "", sleep_s: float = 0.0,
+                           timeout_s: float = 60.0, gpu: str = "a100_80gb",
+                           train_iters: int = 6, warmup_iters: int = 3,
+                           cost_model: str = "analytic") -> MegatronSettings:
+    """Settings that run the fake Megatron-LM locally, with logs and a launch count in `workdir`.
+
+    `inject` fails chosen launches: "2=crash,3=hang,4=nccl,5=oom" (launch numbers count
+    from 1 in `workdir/launches.txt`; "*" means every launch). `sleep_s` pauses after each
+    iteration, `cost_model` prices the fake run.
+    """
+    workdir = Path(workdir).resolve()  # the fake runs in its own folder
+    return MegatronSettings(
+        megatron_path=str(FAKE_MEGATRON_PATH),
+        python=sys.executable,
+        torchrun=(sys.executable, "-m", "layoutsearch.testing.fake_torchrun"),
+        launcher="local",
+        train_iters=train_iters,
+        warmup_iters=warmup_iters,
+        timeout_s=timeout_s,
+        log_dir=str(workdir / "logs"),
+        env={
+            "LAYOUTSEARCH_FAKE_INJECT": inject,
+            "LAYOUTSEARCH_FAKE_LAUNCHES": str(workdir / "launches.txt"),
+            "LAYOUTSEARCH_FAKE_SLEEP_S": str(sleep_s),
+            "LAYOUTSEARCH_FAKE_GPU": gpu,
+            "LAYOUTSEARCH_FAKE_COST_MODEL": cost_model,
+        },
+    )
+
+
+def launches(workdir: str | Path) -> list[str]:
+    """The argv of every fake launch so far, one string each."""
+    path = Path(workdir) / "launches.txt"
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+__all__ = [
+    "FAKE_MEGATRON_PATH",
+    "check_cost_model",
+    "conformance_candidates",
+    "fake_megatron_settings",
+    "launches",
+]

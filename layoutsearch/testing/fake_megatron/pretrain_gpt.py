@@ -1,0 +1,137 @@
+"""A fake Megatron-LM `pretrain_gpt.py`: real-format logs priced by the analytic model.
+
+It parses the argv layoutsearch emits (Megatron-LM's own rules applied first), prices the
+layout with the analytic cost model and prints what Megatron-LM prints: iteration lines
+with elapsed time and TFLOP/s per GPU, the memory report, or PyTorch's OOM traceback when
+the layout does not fit. Failures are injected by environment variable (see
+`layoutsearch.testing`): LAYOUTSEARCH_FAKE_INJECT, LAYOUTSEARCH_FAKE_LAUNCHES, ...
+
+    python pretrain_gpt.py --num-layers 2 ... (run by the fake torchrun)
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+
+import pandas as pd
+
+from layoutsearch.catalog import clusters_by_gpu
+from layoutsearch.costs.analytic import AnalyticCostModel
+from layoutsearch.megatron.inverse import row_of_argv
+from layoutsearch.megatron.validation import validate_argv
+from layoutsearch.specs import ModelSpec
+
+WARMUP_SLOWDOWN = (3.0, 1.4, 1.1)
+"""The first iterations run slower (allocator, NCCL set-up, autotuning), as real runs do."""
+
+
+def _launch_number(argv: list[str]) -> int:
+    """Count this launch in LAYOUTSEARCH_FAKE_LAUNCHES (one line per launch)."""
+    path = os.environ.get("LAYOUTSEARCH_FAKE_LAUNCHES")
+    if not path:
+        return 0
+    with open(path, "a") as handle:
+        handle.write(" ".join(argv) + "\n")
+    with open(path) as handle:
+        return sum(1 for _ in handle)
+
+
+def _injected(number: int) -> str:
+    """The failure injected at this launch: LAYOUTSEARCH_FAKE_INJECT='2=crash,3=hang'."""
+    spec = os.environ.get("LAYOUTSEARCH_FAKE_INJECT", "")
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, _, kind = item.partition("=")
+        if key in ("*", str(number)):
+            return kind
+    return ""
+
+
+def _oom(needed_gib: float, capacity_gib: float) -> None:
+    print("Traceback (most recent call last):", flush=True)
+    print('  File "pretrain_gpt.py", line 320, in <module>', flush=True)
+    print('  File "megatron/training/training.py", line 1140, in train_step', flush=True)
+    print(f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 "
+          f"has a total capacity of {capacity_gib:.2f} GiB of which 1.12 GiB is free. "
+          f"Process has {needed_gib:.2f} GiB memory in use.", flush=True)
+    sys.exit(1)
+
+
+def _fail(kind: str) -> None:
+    if kind == "hang":
+        print("[rank0]: waiting for a collective that never completes ...", flush=True)
+        while True:
+            time.sleep(3600)
+    if kind == "nccl":
+        print("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/"
+              "c10d/ProcessGroupNCCL.cpp:1970, unhandled system error (run with "
+              "NCCL_DEBUG=INFO for details), NCCL version 2.19.3", flush=True)
+        print("ncclSystemError: System call (e.g. socket, malloc) or external library call "
+              "failed or device error.", flush=True)
+        sys.exit(1)
+    if kind == "crash":
+        print("Fatal Python error: Segmentation fault", flush=True)
+        sys.exit(139)
+
+
+def main(argv: list[str]) -> None:
+    env = dict(os.environ)
+    world = int(env.get("WORLD_SIZE", "1"))
+    number = _launch_number(argv)
+    problems = [p for p in validate_argv(argv, env=env, world_size=world)
+                if p.severity == "error"]
+    if problems:
+        print("Traceback (most recent call last):", flush=True)
+        print(f"AssertionError: {problems[0].message}", flush=True)
+        sys.exit(1)
+    kind = _injected(number)
+    if kind and kind != "oom":
+        _fail(kind)
+    gpu = env.get("LAYOUTSEARCH_FAKE_GPU", "a100_80gb")
+    clusters = clusters_by_gpu()
+    row = row_of_argv(argv, env=env, world_size=world, gpu=gpu,
+                      gpus_per_node=clusters[gpu].gpus_per_node)
+    model = AnalyticCostModel.load(env.get("LAYOUTSEARCH_FAKE_COST_MODEL", "analytic"))
+    scored = model.score(pd.DataFrame([row]), clusters).iloc[0]
+    capacity = clusters[gpu].gpu.memory_gib
+    if kind == "oom" or not bool(scored["fits"]):
+        _oom(float(scored["peak_memory_gib"]), capacity)
+    step_s = float(scored["step_time_s"])
+    spec = ModelSpec(
+        name="fake", num_layers=row["num_layers"], hidden_size=row["hidden_size"],
+        ffn_hidden_size=row["ffn_hidden_size"], num_attention_heads=row["num_attention_heads"],
+        num_query_groups=row["num_query_groups"], vocab_size=row["vocab_size"],
+        swiglu=row["swiglu"], untie_embeddings=row["untie_embeddings"])
+    tokens = row["global_batch_size"] * row["seq_length"]
+    megatron_flops = spec.megatron_flops_per_token(row["seq_length"]) * tokens
+    iters = int(next(argv[i + 1] for i, a in enumerate(argv) if a == "--train-iters"))
+    pause = float(env.get("LAYOUTSEARCH_FAKE_SLEEP_S", "0"))
+    consumed = 0
+    print(f"using world size: {world}, data-parallel size: {row['dp']}, "
+          f"context-parallel size: {row['cp']}, tensor-model-parallel size: {row['tp']}, "
+          f"pipeline-model-parallel size: {row['pp']}", flush=True)
+    for iteration in range(1, iters + 1):
+        elapsed = step_s * (WARMUP_SLOWDOWN[iteration - 1]
+                            if iteration <= len(WARMUP_SLOWDOWN) else 1.0)
+        consumed += row["global_batch_size"]
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+        tflops = megatron_flops / elapsed / world / 1e12
+        print(f" [{stamp}] iteration {iteration:8d}/{iters:8d} | consumed samples: "
+              f"{consumed:12d} | elapsed time per iteration (ms): {elapsed * 1000:.1f} | "
+              f"throughput per GPU (TFLOP/s/GPU): {tflops:.1f} | learning rate: 1.000000E-04 "
+              f"| global batch size: {row['global_batch_size']:5d} | lm loss: 1.100000E+01 | "
+              "loss scale: 1.0 | grad norm: 1.000 | number of skipped iterations:   0 | "
+              "number of nan iterations:   0 |", flush=True)
+        if iteration == 1:
+            peak_mb = float(scored["peak_memory_gib"]) * 1024
+            print(f"[Rank 0] (after 1 iterations) memory (MB) | allocated: {peak_mb * 0.6:.1f}"
+                  f" | max allocated: {peak_mb:.1f} | reserved: {peak_mb * 1.05:.1f} | "
+                  f"max reserved: {peak_mb * 1.05:.1f}", flush=True)
+        if pause:
+            time.sleep(pause)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

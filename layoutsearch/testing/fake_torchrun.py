@@ -1,0 +1,49 @@
+"""A fake torchrun: reads torchrun's options and runs the training script once, as the last rank.
+
+The real torchrun starts `nproc_per_node` processes per node; the fake starts one (the
+last rank, the one that prints Megatron-LM's iteration lines) with WORLD_SIZE set to the
+whole job, and reports a failed child the way torchrun does.
+
+    python -m layoutsearch.testing.fake_torchrun --nproc_per_node 8 --nnodes 1 script.py ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="torchrun", allow_abbrev=False)
+    parser.add_argument("--nproc_per_node", type=int, default=1)
+    parser.add_argument("--nnodes", type=int, default=1)
+    parser.add_argument("--node_rank", type=int, default=0)
+    parser.add_argument("--master_addr", default="127.0.0.1")
+    parser.add_argument("--master_port", type=int, default=29500)
+    parser.add_argument("--rdzv_backend")
+    parser.add_argument("--rdzv_id")
+    parser.add_argument("--rdzv_endpoint")
+    parser.add_argument("script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    world = args.nproc_per_node * args.nnodes
+    env = {**os.environ, "WORLD_SIZE": str(world), "RANK": str(world - 1),
+           "LOCAL_RANK": str(args.nproc_per_node - 1), "MASTER_ADDR": args.master_addr,
+           "MASTER_PORT": str(args.master_port)}
+    if not os.path.isfile(args.script):
+        print(f"{sys.executable}: can't open file {args.script!r}: [Errno 2] No such file or "
+              "directory", flush=True)
+        return 2
+    code = subprocess.run([sys.executable, args.script, *args.script_args], env=env,
+                          check=False).returncode
+    if code != 0:
+        print("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", flush=True)
+        print(f"  rank      : {world - 1} (local_rank: {args.nproc_per_node - 1})", flush=True)
+        print(f"  exitcode  : {code}", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
