@@ -100,11 +100,15 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     attn_gemm_fwd_s = attn_gemm_flops / gemm_rate
     mlp_gemm_fwd_s = mlp_gemm_flops / gemm_rate
 
-    # Tensor parallelism: two all-reduces of the T×h activations forward and two backward
-    # (with sequence parallelism all-gather + reduce-scatter pairs of the same volume).
+    # Tensor parallelism: two all-reduces of the T×h activations forward and two backward.
+    # Sequence parallelism swaps each all-reduce for an all-gather + reduce-scatter pair of
+    # the same volume, and its backward gathers each block's input once more for the weight
+    # gradient (Korthikanti §4.2.2; Megatron's LinearWithGradAccumulationAndAsyncCommunication):
+    # 5 gather/scatter units per block instead of 4.
     tp_bandwidth = _bus_bandwidth(sh, k, t, np.ones_like(t))
     tp_collective_s = np.where(t > 1, 2 * (t - 1) / t * 2.0 * T * h / tp_bandwidth, 0.0)
     tp_fwd_s = 2 * tp_collective_s
+    tp_bwd_s = tp_fwd_s * np.where(sh.sequence_parallel, 1.5, 1.0)
 
     # Recomputation repeats forward work before the backward pass.
     full = sh.is_recompute("full")
@@ -140,7 +144,7 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
         "attention": attention_s,
         "elementwise": (1 + BACKWARD_TRAFFIC) * elementwise_fwd_s,
         "recompute": recompute_layer_s,
-        "tp_comm": tp_fwd_s * 2 + np.where(full, tp_fwd_s, 0.0),
+        "tp_comm": tp_fwd_s + tp_bwd_s + np.where(full, tp_fwd_s, 0.0),
         "overhead": forward_equivalents * k["kernel_overhead_s"],
     }
     layer_s = sum(per_layer.values())
