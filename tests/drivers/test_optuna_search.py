@@ -1,0 +1,281 @@
+"""The optuna driver: rules before evaluation, no evaluation twice, budgets, warm start,
+Pareto fronts, storages, resume after SIGKILL, several workers, and the command line.
+
+A small job (LLaMA 7B on 16 GPUs, 200-odd layouts of which some break the rules) keeps
+every search well under a second with the analytic model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from layoutsearch import search
+from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
+from layoutsearch.costs import build_cost_model
+from layoutsearch.drivers import build_driver
+from layoutsearch.drivers.optuna_search import OptunaDriver
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.problem import SearchProblem
+from layoutsearch.results import RESULT_COLUMNS
+from layoutsearch.space import KNOBS, SearchSpace
+from layoutsearch.specs import ClusterSpec, Job
+
+SPACE = {
+    "tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2],
+    "attention": ["flash2", "torch"], "recompute": ["none", "full"],
+    "sequence_parallel": [False, True], "rmsnorm_kernel": [False, True],
+}
+JOB = {"model": "llama_7b", "num_gpus": 16, "seq_length": 2048, "global_batch_size": 256}
+
+
+def label(row: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={row[k]}" for k in KNOBS)
+
+
+class CountingModel:
+    """The analytic model, writing one line per layout it prices to a file (any process)."""
+
+    def __init__(self, log: Path, fail_tp: int | None = None, delay_s: float = 0.0) -> None:
+        self.name = "analytic"
+        self.log = log
+        self.fail_tp = fail_tp
+        self.delay_s = delay_s
+        self.inner = build_cost_model("analytic")
+
+    def score(self, candidates: pd.DataFrame,
+              clusters: Mapping[str, ClusterSpec]) -> pd.DataFrame:
+        with self.log.open("a") as handle:
+            handle.writelines(label(row) + "\n" for _, row in candidates.iterrows())
+        if self.fail_tp is not None and (candidates["tp"] == self.fail_tp).any():
+            raise RuntimeError("launcher exploded")
+        time.sleep(self.delay_s)
+        return self.inner.score(candidates, clusters)
+
+    def priced(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.exists() else []
+
+
+def make_problem(model: Any, num_gpus: int = 16) -> SearchProblem:
+    job = Job(model=load_model(JOB["model"]), cluster=load_cluster("a100_80gb"),
+              num_gpus=num_gpus, seq_length=2048, global_batch_size=256)
+    space = SearchSpace.load("paper").pin(**SPACE)
+    return SearchProblem.build(job, space, model, clusters_by_gpu())
+
+
+@pytest.fixture
+def counting(tmp_path: Path) -> CountingModel:
+    return CountingModel(tmp_path / "priced.txt")
+
+
+def test_rules_apply_before_evaluation_and_no_layout_is_priced_twice(
+        counting: CountingModel) -> None:
+    problem = make_problem(counting)
+    ranked = OptunaDriver(n_trials=40, progress=False).run(problem)
+    priced = counting.priced()
+    assert len(priced) == len(ranked) == 40  # the budget counts evaluations
+    assert len(set(priced)) == 40
+    reasons = problem.candidates.assign(label=problem.candidates.apply(label, axis=1))
+    assert set(reasons.set_index("label").loc[priced, "rule_reason"]) == {""}
+    assert ranked.attrs["trials"] > 40  # rule rejections and duplicates were trials too
+    assert ranked["trial"].is_unique and ranked["trial"].dtype == np.int64
+
+
+def test_search_returns_the_grid_columns_plus_the_trial() -> None:
+    ranked = search(**JOB, search_space=SearchSpace.load("paper").pin(**SPACE),
+                    driver={"name": "optuna", "n_trials": 15, "progress": False})
+    grid = search(**JOB, search_space=SearchSpace.load("paper").pin(**SPACE))
+    assert list(ranked.columns) == [*grid.columns, "trial"]
+    assert ranked["fits"].iloc[0] and ranked["mfu"].is_monotonic_decreasing is not None
+    best = ranked[ranked["fits"]]["mfu"].max()
+    assert best == ranked["mfu"].iloc[0]
+    assert best <= grid["mfu"].max() + 1e-12  # it cannot beat the exhaustive search
+
+
+def test_a_seed_makes_the_search_reproducible(tmp_path: Path) -> None:
+    def layouts(seed: int) -> list[str]:
+        model = CountingModel(tmp_path / f"priced-{seed}-{len(list(tmp_path.iterdir()))}.txt")
+        OptunaDriver(n_trials=20, seed=seed, progress=False).run(make_problem(model))
+        return model.priced()
+
+    assert layouts(3) == layouts(3)
+    assert layouts(3) != layouts(4)
+
+
+def test_a_cost_model_error_fails_one_trial_and_the_search_goes_on(tmp_path: Path) -> None:
+    model = CountingModel(tmp_path / "priced.txt", fail_tp=4)
+    ranked = OptunaDriver(n_trials=40, progress=False).run(make_problem(model))
+    failed = ranked[ranked["tp"] == 4]
+    assert len(failed) >= 1 and not failed["fits"].any()
+    assert failed["reason"].str.contains("cost model error: RuntimeError: launcher exploded").all()
+    assert failed["mfu"].isna().all()
+    assert len(ranked) == 40 and ranked["fits"].any()
+    assert len(set(model.priced())) == len(model.priced())  # failures are not retried
+
+
+def test_warm_start_tries_the_analytic_top_k_first(counting: CountingModel) -> None:
+    problem = make_problem(counting)
+    grid = search(**JOB, search_space=problem.space)
+    ranked = OptunaDriver(n_trials=12, warm_start="analytic", warm_start_top_k=4,
+                          progress=False).run(problem)
+    first = ranked.sort_values("trial").head(4)
+    assert first["trial"].tolist() == [0, 1, 2, 3]
+    assert [label(r) for _, r in first.iterrows()] == [label(r) for _, r in grid.head(4).iterrows()]
+
+
+def test_target_stops_the_search_once_reached(counting: CountingModel) -> None:
+    problem = make_problem(counting)
+    best = search(**JOB, search_space=problem.space)["mfu"].iloc[0]
+    ranked = OptunaDriver(n_trials=200, target=float(best), warm_start="analytic",
+                          progress=False).run(problem)
+    assert len(ranked) == 1 and ranked["mfu"].iloc[0] == pytest.approx(best)
+
+
+def test_two_objectives_mark_the_pareto_front(counting: CountingModel) -> None:
+    ranked = OptunaDriver(n_trials=40, objectives=["mfu", "peak_memory_gib"],
+                          progress=False).run(make_problem(counting))
+    front = ranked[ranked["pareto"]]
+    assert len(front) >= 1 and front["fits"].all()
+    feasible = ranked[ranked["fits"]]
+    for _, row in feasible.iterrows():
+        dominated = ((feasible["mfu"] >= row["mfu"])
+                     & (feasible["peak_memory_gib"] <= row["peak_memory_gib"])
+                     & ((feasible["mfu"] > row["mfu"])
+                        | (feasible["peak_memory_gib"] < row["peak_memory_gib"]))).any()
+        assert row["pareto"] == (not dominated)
+
+
+@pytest.mark.parametrize("storage", ["sqlite:///{dir}/study.db", "{dir}/study.log",
+                                     "journal://{dir}/study.jsonl"])
+def test_a_study_resumes_from_its_storage(tmp_path: Path, counting: CountingModel,
+                                          storage: str) -> None:
+    url = storage.format(dir=tmp_path)
+    first = OptunaDriver(n_trials=10, storage=url, progress=False).run(make_problem(counting))
+    again = OptunaDriver(n_trials=25, storage=url, progress=False).run(make_problem(counting))
+    assert len(first) == 10 and len(again) == 25
+    assert first.attrs["study_name"] == again.attrs["study_name"]  # derived from the job
+    kept = again.merge(first, on=["trial", *KNOBS], suffixes=("", "_first"))
+    assert len(kept) == 10 and np.allclose(kept["mfu"], kept["mfu_first"], equal_nan=True)
+    assert len(counting.priced()) == len(set(counting.priced())) == 25
+
+
+def test_a_study_made_for_another_job_or_space_is_refused(tmp_path: Path,
+                                                          counting: CountingModel) -> None:
+    url = f"sqlite:///{tmp_path}/study.db"
+    OptunaDriver(n_trials=3, storage=url, study_name="s", progress=False).run(
+        make_problem(counting))
+    with pytest.raises(LayoutSearchError, match=r"job num_gpus: study 16, this search 32"):
+        OptunaDriver(n_trials=3, storage=url, study_name="s", progress=False).run(
+            make_problem(counting, num_gpus=32))
+    problem = make_problem(counting)
+    narrower = SearchProblem.build(problem.job, problem.space.pin(tp=[1, 2]), counting,
+                                   problem.clusters)
+    with pytest.raises(LayoutSearchError, match=r"space tp: study \[1, 2, 4, 8\]"):
+        OptunaDriver(n_trials=3, storage=url, study_name="s", progress=False).run(narrower)
+
+
+def test_bad_storage_urls_and_settings_are_named(tmp_path: Path,
+                                                 counting: CountingModel) -> None:
+    problem = make_problem(counting)
+    for url in ("not a url", f"sqlite:///{tmp_path}/no/such/dir/x.db",
+                f"{tmp_path}/no/such/dir/x.log", "postgresql://nobody@127.0.0.1:1/none"):
+        with pytest.raises(LayoutSearchError, match=r"driver\.storage="):
+            OptunaDriver(n_trials=2, storage=url, progress=False).run(problem)
+    with pytest.raises(LayoutSearchError, match="through a storage"):
+        OptunaDriver(n_workers=2)
+    with pytest.raises(LayoutSearchError, match="unknown objective 'mfuu'"):
+        build_driver({"name": "optuna", "objectives": ["mfuu"]})
+    with pytest.raises(LayoutSearchError, match="n_trials=0"):
+        build_driver("optuna", n_trials=0)
+    with pytest.raises(LayoutSearchError, match="unexpected keyword"):
+        build_driver("optuna", n_trails=5)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs fork")
+@pytest.mark.parametrize("storage", ["sqlite:///{dir}/study.db", "{dir}/study.log"])
+def test_two_workers_share_a_study_without_pricing_a_layout_twice(
+        tmp_path: Path, storage: str) -> None:
+    model = CountingModel(tmp_path / "priced.txt", delay_s=0.01)
+    driver = OptunaDriver(n_trials=30, n_workers=2, storage=storage.format(dir=tmp_path),
+                          progress=False)
+    ranked = driver.run(make_problem(model))
+    priced = model.priced()
+    assert len(priced) == len(set(priced))  # no layout priced twice, across processes
+    assert 30 <= len(priced) <= 31  # one overshoot at most: both may start the last one
+    assert len(ranked) == len(priced)
+
+
+KILLABLE = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    from test_optuna_search import CountingModel, make_problem
+    from pathlib import Path
+    from layoutsearch.drivers.optuna_search import OptunaDriver
+    model = CountingModel(Path({log!r}), delay_s=0.05)
+    OptunaDriver(n_trials=40, storage={url!r}, progress=False).run(make_problem(model))
+""")
+
+
+def test_a_study_killed_with_sigkill_resumes_and_loses_nothing(tmp_path: Path) -> None:
+    url, log = f"sqlite:///{tmp_path}/study.db", tmp_path / "priced.txt"
+    script = KILLABLE.format(tests=str(Path(__file__).parent), log=str(log), url=url)
+    process = subprocess.Popen([sys.executable, "-c", script])
+
+    def finished() -> list[tuple[int, str]]:
+        if not (tmp_path / "study.db").exists():
+            return []
+        try:
+            with sqlite3.connect(tmp_path / "study.db") as db:
+                return db.execute("SELECT number, state FROM trials").fetchall()
+        except sqlite3.OperationalError:
+            return []  # the tables are being created
+
+    deadline = time.monotonic() + 60
+    while sum(state == "COMPLETE" for _, state in finished()) < 8:
+        assert process.poll() is None, "the search ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    before = {n for n, state in finished() if state == "COMPLETE"}
+    model = CountingModel(log)
+    ranked = OptunaDriver(n_trials=40, storage=url, progress=False).run(make_problem(model))
+    after = dict(finished())
+    assert all(after[n] == "COMPLETE" for n in before)  # every finished trial is still there
+    assert len(ranked) == 40  # the study completed its budget
+    assert "RUNNING" not in after.values()  # the killed worker's trial was failed
+    priced = model.priced()
+    # Only the layout being priced when the process died can appear twice.
+    assert len(priced) - len(set(priced)) <= 1
+
+
+def test_the_command_line_runs_an_optuna_search_over_replayed_runs(
+        tmp_path: Path, measurement_row: dict[str, Any]) -> None:
+    runs = tmp_path / "runs.csv"
+    pd.DataFrame([{**measurement_row, "distributed_optimizer": True}]).to_csv(runs, index=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "layoutsearch.cli", "driver=optuna", "driver.n_trials=4",
+         "driver.progress=false", "cost_models=replay", f"cost_models.path={runs}",
+         "search_spaces.tp=[1,2]", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    ranked = pd.read_csv(tmp_path / "run" / "ranked.csv")
+    assert len(ranked) == 4 and ranked["trial"].is_unique
+    assert set(RESULT_COLUMNS) <= set(ranked.columns)
+    unmeasured = ranked[ranked["mfu"].isna()]
+    assert unmeasured["reason"].str.startswith("unmeasured: no measurement").all()
+    assert json.dumps(sorted(ranked["tp"].unique().tolist())) in ("[1]", "[2]", "[1, 2]")
