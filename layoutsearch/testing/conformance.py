@@ -55,7 +55,7 @@ def check_cost_model(model: CostModel, candidates: pd.DataFrame | None = None,
     _check(not missing, f"missing columns {missing}")
     _check(scored["fits"].dtype == bool, "`fits` must be a bool column")
     reasons = scored["cost_reason"]
-    _check(reasons.map(lambda r: isinstance(r, str)).all(), "`cost_reason` must hold strings")
+    _check(bool(reasons.map(lambda r: isinstance(r, str)).all()), "`cost_reason` must hold strings")
     fits = scored["fits"].to_numpy()
     ok = scored[fits]
     _check(bool((ok["step_time_s"] > 0).all()), "a fitting row needs step_time_s > 0")
