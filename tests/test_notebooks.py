@@ -1,0 +1,42 @@
+"""The notebooks run clean on a CPU, show their figures, and are stored without outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+FIGURES = {"01_quickstart.ipynb": 3, "02_reproduce_the_study.ipynb": 5, "03_what_if.ipynb": 4}
+"""Each notebook's figures; every one must reach the output as a PNG."""
+
+
+def _images(book: nbformat.NotebookNode) -> int:
+    return sum("image/png" in output.get("data", {})
+               for cell in book.cells if cell.cell_type == "code" for output in cell.outputs)
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_notebook_runs_and_shows_its_figures(name: str, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # 02 reads the study's runs when present; point it at nothing so the test does not
+    # depend on /work/shared (the notebook must run on predictions alone).
+    monkeypatch.setenv("LAYOUTSEARCH_RUNS", str(tmp_path / "no_runs.csv"))
+    monkeypatch.setenv("LAYOUTSEARCH_PROGRESS", "0")
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    book = nbformat.read(NOTEBOOKS / name, as_version=4)
+    NotebookClient(book, timeout=60, kernel_name="python3",
+                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    # The last cell of each notebook asserts that every figure's axes hold data.
+    assert _images(book) >= FIGURES[name]
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_notebook_is_stored_without_outputs(name: str) -> None:
+    book = nbformat.read(NOTEBOOKS / name, as_version=4)
+    nbformat.validate(book)
+    for cell in book.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
