@@ -24,7 +24,11 @@ def rank(scored: pd.DataFrame) -> pd.DataFrame:
     order = order.sort_values(["_feasible", "_mfu"], ascending=[False, False], kind="stable")
     first = [c for c in RESULT_COLUMNS if c in order.columns]
     rest = [c for c in order.columns if c not in first and not c.startswith("_")]
-    return order[first + rest].reset_index(drop=True)
+    ranked = order[first + rest].reset_index(drop=True)
+    for column in ranked.columns:  # categorical while scoring, plain text for the user
+        if isinstance(ranked[column].dtype, pd.CategoricalDtype):
+            ranked[column] = ranked[column].astype(str)
+    return ranked
 
 
 def _rule_summary(reasons: pd.Series, top: int = 3) -> str:

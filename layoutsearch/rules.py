@@ -35,6 +35,8 @@ class Rule:
     """Boolean mask over the rows that break the rule."""
     explain: Callable[[Frame], pd.Series]
     """The reason for each row of a sub-table of violating rows."""
+    columns: tuple[str, ...]
+    """The columns `explain` reads: reasons are formatted once per distinct combination."""
 
 
 def _head_dim(t: Frame) -> pd.Series:
@@ -58,7 +60,8 @@ def _fused_softmax_unavailable(t: Frame) -> np.ndarray:
 
 def _flash_head_dim_limit(t: Frame) -> pd.Series:
     # FlashAttention 1 supports head dimensions up to 128, FlashAttention 2 and 3 up to 256.
-    return t["attention"].map({"flash1": 128, "flash2": 256, "flash3": 256}).fillna(np.inf)
+    limits = t["attention"].map({"flash1": 128.0, "flash2": 256.0, "flash3": 256.0})
+    return limits.astype(float).fillna(np.inf)
 
 
 def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
@@ -70,6 +73,7 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
             lambda t: (t["num_gpus"] % (t["tp"] * t["pp"] * t["cp"]) != 0).to_numpy(),
             lambda t: "tp·pp·cp (" + _text(t["tp"] * t["pp"] * t["cp"])
             + ") must divide num_gpus (" + _text(t["num_gpus"]) + ")",
+            ('tp', 'pp', 'cp', 'num_gpus'),
         ),
         Rule(
             "global_batch",
@@ -78,6 +82,7 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
             lambda t: "global_batch_size (" + _text(t["global_batch_size"])
             + ") must divide by micro_batch_size·dp (" + _text(t["micro_batch_size"]) + "·"
             + _text(t["dp"]) + ")",
+            ('global_batch_size', 'micro_batch_size', 'dp'),
         ),
         Rule(
             # Uneven stages are allowed (Megatron-LM: --decoder-first/last-pipeline-num-layers;
@@ -86,18 +91,21 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
             lambda t: (t["num_layers"] < t["pp"] * t["vp"]).to_numpy(),
             lambda t: "num_layers (" + _text(t["num_layers"]) + ") must be at least pp·vp ("
             + _text(t["pp"] * t["vp"]) + ")",
+            ('num_layers', 'pp', 'vp'),
         ),
         Rule(
             "interleaving_even_stages",
             lambda t: ((t["vp"] > 1) & (t["num_layers"] % (t["pp"] * t["vp"]) != 0)).to_numpy(),
             lambda t: "interleaving needs num_layers (" + _text(t["num_layers"])
             + ") to divide by pp·vp (" + _text(t["pp"] * t["vp"]) + ")",
+            ('num_layers', 'pp', 'vp'),
         ),
         Rule(
             "heads_per_tp",
             lambda t: (t["num_attention_heads"] % t["tp"] != 0).to_numpy(),
             lambda t: "num_attention_heads (" + _text(t["num_attention_heads"])
             + ") must divide by tp (" + _text(t["tp"]) + ")",
+            ('num_attention_heads', 'tp'),
         ),
         Rule(
             "query_groups_per_tp",
@@ -105,17 +113,20 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
                        & (t["num_query_groups"] % t["tp"] != 0)).to_numpy(),
             lambda t: "num_query_groups (" + _text(t["num_query_groups"])
             + ") must divide by tp (" + _text(t["tp"]) + ")",
+            ('num_query_groups', 'tp'),
         ),
         Rule(
             "context_parallel_chunks",
             lambda t: ((t["cp"] > 1) & (t["seq_length"] % (2 * t["cp"]) != 0)).to_numpy(),
             lambda t: "seq_length (" + _text(t["seq_length"]) + ") must divide by 2·cp ("
             + _text(2 * t["cp"]) + ") for load-balanced causal context parallelism",
+            ('seq_length', 'cp'),
         ),
         Rule(
             "interleaving_needs_pipeline",
             lambda t: ((t["vp"] > 1) & (t["pp"] == 1)).to_numpy(),
             lambda t: "vp (" + _text(t["vp"]) + ") > 1 needs pp > 1",
+            ('vp',),
         ),
         Rule(
             "interleaving_micro_batches",
@@ -123,6 +134,7 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
                        & (_num_micro_batches(t) % t["pp"] != 0)).to_numpy(),
             lambda t: "interleaving needs micro-batches per step (" + _text(_num_micro_batches(t))
             + ") to divide by pp (" + _text(t["pp"]) + ")",
+            ('global_batch_size', 'micro_batch_size', 'dp', 'pp'),
         ),
         Rule(
             "fused_softmax_shape",
@@ -131,6 +143,7 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
             + _text(t["seq_length"] // t["cp"]) + ") <= 4096 and micro_batch_size·heads/tp ("
             + _text(t["micro_batch_size"] * (t["num_attention_heads"] // t["tp"]))
             + ") divisible by 4",
+            ('seq_length', 'cp', 'micro_batch_size', 'num_attention_heads', 'tp'),
         ),
         Rule(
             "flash_head_dim",
@@ -138,29 +151,67 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
             lambda t: _text(t["attention"]) + " supports head dimensions up to "
             + _flash_head_dim_limit(t).astype(int).astype(str) + ", the model has "
             + _text(_head_dim(t)),
+            ('attention', 'hidden_size', 'num_attention_heads'),
         ),
         Rule(
             "flash3_needs_hopper",
             lambda t: ((t["attention"] == "flash3") & ~t["gpu"].isin(hopper)).to_numpy(),
             lambda t: "flash3 needs a Hopper GPU (h100_sxm, h200), not " + _text(t["gpu"]),
+            ('gpu',),
         ),
         Rule(
             "rmsnorm_kernel_needs_rmsnorm",
             lambda t: (t["rmsnorm_kernel"] & (t["normalization"] != "RMSNorm")).to_numpy(),
             lambda t: "the fused RMSNorm kernel needs normalization RMSNorm, the model uses "
             + _text(t["normalization"]),
+            ('normalization',),
         ),
     ]
 
 
+def _explain_once_each(rule: Rule, rows: Frame) -> tuple[np.ndarray, list[str]]:
+    """Codes of the rows' distinct value combinations and one reason per combination.
+
+    Each column is factorized and the codes combined into one integer key (mixed radix);
+    decoding the distinct keys gives the value combinations to explain.
+    """
+    key = np.zeros(len(rows), dtype=np.int64)
+    levels = []
+    for column in rule.columns:
+        codes, uniques = pd.factorize(rows[column])
+        key = key * len(uniques) + codes
+        levels.append(np.asarray(uniques))
+    distinct, inverse = np.unique(key, return_inverse=True)
+    values: dict[str, np.ndarray] = {}
+    remainder = distinct
+    for column, uniques in reversed(list(zip(rule.columns, levels, strict=True))):
+        values[column] = uniques[remainder % len(uniques)]
+        remainder = remainder // len(uniques)
+    frame = pd.DataFrame({column: values[column] for column in rule.columns})
+    return inverse, rule.explain(frame).astype(str).tolist()
+
+
 def violations(table: Frame, clusters: Mapping[str, ClusterSpec]) -> pd.Series:
-    """Per row, the reasons it breaks rules joined by '; ' ("" where it breaks none)."""
-    reasons = pd.Series("", index=table.index, dtype=object)
+    """Per row, the reasons it breaks rules joined by '; ' ("" where it breaks none).
+
+    Each row carries a code for its combination of reasons so far; every rule refines the
+    codes, and the text of each distinct combination is built once.
+    """
+    combination = np.zeros(len(table), dtype=np.int64)
+    combination_texts = [""]
     for rule in build_rules(clusters):
         mask = rule.violated(table)
         if not mask.any():
             continue
-        explained = rule.explain(table.loc[mask]).astype(str)
-        current = reasons.loc[mask]
-        reasons.loc[mask] = np.where(current == "", explained, current + "; " + explained)
-    return reasons
+        codes, texts = _explain_once_each(rule, table.loc[mask])
+        reason_ids = np.zeros(len(table), dtype=np.int64)
+        reason_ids[mask] = codes + 1  # 0: the row passes this rule
+        width = len(texts) + 1
+        keys, combination = np.unique(combination * width + reason_ids, return_inverse=True)
+        combination_texts = [
+            "; ".join(filter(None, (combination_texts[key // width],
+                                    texts[key % width - 1] if key % width else "")))
+            for key in keys.tolist()
+        ]
+    reasons = np.array(combination_texts, dtype=object)[combination]
+    return pd.Series(reasons, index=table.index, dtype=object)

@@ -125,6 +125,8 @@ class SearchSpace:
 
         dp is derived (0 where tp·pp·cp does not divide the GPUs; the rules reject those).
         Sequence parallelism at tp = 1 is a no-op in Megatron-LM, so such twins are left out.
+        Text columns are categorical (a million rows score in a second); `results.rank`
+        turns them back into plain strings for the user.
         """
         axes = self.axes()
         grids = np.meshgrid(*[np.arange(len(v)) for v in axes.values()], indexing="ij")
@@ -142,8 +144,11 @@ class SearchSpace:
         model_parallel = table["tp"] * table["pp"] * table["cp"]
         dp = np.where(job.num_gpus % model_parallel == 0, job.num_gpus // model_parallel, 0)
         table.insert(2, "dp", dp.astype(np.int64))
-        for knob in CHOICE_KNOBS:  # plain strings: users compare and write them
-            table[knob] = table[knob].astype(str)
+        table = table.reset_index(drop=True)
+        constant = np.zeros(len(table), dtype=np.int64)
         for column, value in job.columns().items():
-            table[column] = value
-        return table.reset_index(drop=True)
+            if isinstance(value, str):
+                table[column] = pd.Categorical.from_codes(constant, categories=pd.Index([value]))
+            else:
+                table[column] = value
+        return table

@@ -20,7 +20,7 @@ import pandas as pd
 
 from layoutsearch.costs.constants import AnalyticConstants, load_constants, parse_constants
 from layoutsearch.costs.memory import GIB, memory_breakdown
-from layoutsearch.costs.shapes import Array, Shapes
+from layoutsearch.costs.shapes import Array, Shapes, gpu_codes
 from layoutsearch.costs.timing import time_breakdown
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.specs import ClusterSpec
@@ -51,14 +51,15 @@ class AnalyticCostModel:
             )
         return cls(parse_constants(config, source), source=source)
 
-    def _per_row(self, gpus: pd.Series) -> dict[str, Array]:
-        missing = set(gpus.unique()) - set(self.constants)
+    def _per_row(self, table: pd.DataFrame) -> dict[str, Array]:
+        codes, kinds = gpu_codes(table)
+        missing = set(kinds) - set(self.constants)
         if missing:
             raise LayoutSearchError(
                 f"cost model {self.source or self.name!r} has no constants for GPU kind(s) "
                 f"{', '.join(sorted(missing))}; it covers {', '.join(sorted(self.constants))}"
             )
-        codes, kinds = pd.factorize(gpus)
+        codes, kinds = gpu_codes(table)
         out: dict[str, Array] = {}
         for field in AnalyticConstants.__dataclass_fields__:
             lookup = np.array([getattr(self.constants[g], field) for g in kinds])
@@ -69,7 +70,7 @@ class AnalyticCostModel:
         self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec]
     ) -> pd.DataFrame:
         shapes = Shapes.of(candidates, clusters)
-        constants = self._per_row(candidates["gpu"])
+        constants = self._per_row(candidates)
         times = time_breakdown(shapes, constants)
         memory = memory_breakdown(shapes, constants)
         step = np.sum(list(times.values()), axis=0)
@@ -90,12 +91,27 @@ class AnalyticCostModel:
         out.update({f"time_{name}_s": value for name, value in times.items()})
         out.update({f"memory_{name}_gib": value / GIB for name, value in memory.items()})
         frame = pd.DataFrame(out, index=candidates.index)
-        frame["cost_reason"] = ""
-        if not fits.all():
-            over = ~fits
-            frame.loc[over, "cost_reason"] = (
-                "needs " + frame.loc[over, "peak_memory_gib"].map("{:.1f}".format)
-                + " GiB > " + pd.Series(shapes.memory_bytes[over] / GIB, index=frame.index[over])
-                .map("{:.1f}".format) + " GiB per GPU"
-            )
+        frame["cost_reason"] = _memory_reasons(peak_bytes / GIB, shapes.memory_bytes / GIB, fits)
         return frame
+
+
+def _memory_reasons(peak_gib: Array, limit_gib: Array, fits: Array) -> Array:
+    """'needs 91.2 GiB > 80.0 GiB per GPU' where a row does not fit, "" elsewhere.
+
+    Formatted once per distinct (peak, limit) pair at 0.1 GiB: thousands of strings for a
+    million rows.
+    """
+    reasons = np.full(len(peak_gib), "", dtype=object)
+    if fits.all():
+        return reasons
+    over = ~fits
+    # One integer key per pair of tenths of a GiB: a 1-D unique is an order faster.
+    peak_tenths = np.round(peak_gib[over] * 10).astype(np.int64)
+    limit_tenths = np.round(limit_gib[over] * 10).astype(np.int64)
+    keys, inverse = np.unique(peak_tenths * 2**24 + limit_tenths, return_inverse=True)
+    texts = np.array(
+        [f"needs {k // 2**24 / 10:.1f} GiB > {k % 2**24 / 10:.1f} GiB per GPU" for k in keys],
+        dtype=object,
+    )
+    reasons[over] = texts[inverse]
+    return reasons

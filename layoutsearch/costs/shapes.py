@@ -37,14 +37,10 @@ def _codes(table: pd.DataFrame, column: str, names: tuple[str, ...]) -> Array:
     return pd.Categorical(table[column], categories=list(names)).codes.astype(np.intp)
 
 
-def _per_gpu(table: pd.DataFrame, clusters: Mapping[str, ClusterSpec], attribute: str) -> Array:
-    values = {name: float(getattr(c.gpu, attribute)) for name, c in clusters.items()}
-    return table["gpu"].map(values).to_numpy(dtype=np.float64)
-
-
-def _per_cluster(table: pd.DataFrame, clusters: Mapping[str, ClusterSpec], attribute: str) -> Array:
-    values = {name: float(getattr(c, attribute)) for name, c in clusters.items()}
-    return table["gpu"].map(values).to_numpy(dtype=np.float64)
+def gpu_codes(table: pd.DataFrame) -> tuple[Array, list[str]]:
+    """Integer code per row and the GPU kind of each code (one hash pass over the column)."""
+    codes, kinds = pd.factorize(table["gpu"])
+    return np.asarray(codes), [str(k) for k in kinds]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +97,17 @@ class Shapes:
 
     @classmethod
     def of(cls, table: pd.DataFrame, clusters: Mapping[str, ClusterSpec]) -> Shapes:
-        unknown = set(table["gpu"].unique()) - set(clusters)
+        codes, kinds = gpu_codes(table)
+        unknown = set(kinds) - set(clusters)
         if unknown:
             raise LayoutSearchError(unknown_name_message("gpu", sorted(unknown)[0], clusters))
+
+        def per_gpu(attribute: str) -> Array:
+            return np.array([float(getattr(clusters[k].gpu, attribute)) for k in kinds])[codes]
+
+        def per_cluster(attribute: str) -> Array:
+            return np.array([float(getattr(clusters[k], attribute)) for k in kinds])[codes]
+
         L = _floats(table, "num_layers")
         h = _floats(table, "hidden_size")
         f = _floats(table, "ffn_hidden_size")
@@ -136,11 +140,11 @@ class Shapes:
             num_gpus=_floats(table, "num_gpus"),
             gpus_per_node=_floats(table, "gpus_per_node"),
             global_batch=global_batch,
-            peak_flops=_per_gpu(table, clusters, "peak_tflops") * 1e12,
-            memory_bytes=_per_gpu(table, clusters, "memory_gib") * 2.0**30,
-            memory_bandwidth=_per_gpu(table, clusters, "memory_bandwidth_gbps") * 1e9,
-            intra_node_bandwidth=_per_cluster(table, clusters, "intra_node_bandwidth_gbps") * 1e9,
-            inter_node_bandwidth=_per_cluster(table, clusters, "inter_node_bandwidth_gbps") * 1e9,
+            peak_flops=per_gpu("peak_tflops") * 1e12,
+            memory_bytes=per_gpu("memory_gib") * 2.0**30,
+            memory_bandwidth=per_gpu("memory_bandwidth_gbps") * 1e9,
+            intra_node_bandwidth=per_cluster("intra_node_bandwidth_gbps") * 1e9,
+            inter_node_bandwidth=per_cluster("inter_node_bandwidth_gbps") * 1e9,
             tp=tp, pp=pp, dp=dp, cp=cp, vp=_floats(table, "vp"), micro_batch=mb,
             sequence_parallel=_flags(table, "sequence_parallel") & (tp > 1),
             rmsnorm_kernel=_flags(table, "rmsnorm_kernel"),

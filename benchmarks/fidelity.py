@@ -1,0 +1,65 @@
+"""How well a cost model ranks measured layouts (FIDELITY.md): one line per job, a summary.
+
+Per job (model, seq_length, gpu, num_gpus, global_batch_size): rows, fit accuracy and its
+two error kinds, Spearman ρ of predicted against measured MFU, top-1 regret in MFU points,
+whether the measured best is among the top 3 predicted, and MFU MAPE; then the summary
+and the targets of the core-engine issue.
+
+    python benchmarks/fidelity.py [RUNS.csv] [--cost-model analytic|PATH.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+import layoutsearch
+from layoutsearch.fidelity import fidelity
+
+DEFAULT_RUNS = Path(__file__).resolve().parents[2] / "shared/data/hagemann2023/runs.csv"
+TARGETS = {  # summary key: (rule, threshold)
+    "fit_accuracy": (">=", 0.95),
+    "min_spearman": (">=", 0.90),
+    "max_regret_points": ("<=", 1.0),
+    "mape": ("<=", 0.10),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="?", type=Path, default=DEFAULT_RUNS)
+    parser.add_argument("--cost-model", default="analytic",
+                        help="a cost_models/ config name or a YAML path (default: analytic)")
+    args = parser.parse_args()
+    if not args.runs.is_file():
+        print(f"no measurement file at {args.runs}; pass one in the measurement schema")
+        return 2
+    table, summary = fidelity(layoutsearch.predict(args.runs, cost_model=args.cost_model))
+    shown = table.assign(
+        fit_accuracy=table["fit_accuracy"].round(3),
+        spearman=table["spearman"].round(3),
+        regret_points=table["regret_points"].round(2),
+        mape=(100 * table["mape"]).round(1).astype(str) + " %",
+    ).rename(columns={"fits_but_oom": "fit→oom", "oom_but_ran": "oom→ran", "top3_hit": "top3"})
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(f"cost model {args.cost_model!r} on {args.runs}\n")
+        print(shown.to_string(index=False))
+    print(
+        f"\nsummary: rows {int(summary['rows'])} | fit accuracy {summary['fit_accuracy']:.3f} "
+        f"(fits but OOM {int(summary['fits_but_oom'])}, OOM but ran {int(summary['oom_but_ran'])})"
+        f" | min ρ {summary['min_spearman']:.3f} | max regret "
+        f"{summary['max_regret_points']:.2f} pts | top-3 hits {int(summary['top3_hits'])}/"
+        f"{int(summary['groups'])} | MFU MAPE {100 * summary['mape']:.1f} %"
+    )
+    for key, (rule, threshold) in TARGETS.items():
+        value = summary[key]
+        met = value >= threshold if rule == ">=" else value <= threshold
+        print(f"target {key} {rule} {threshold}: {value:.3f} {'met' if met else 'NOT MET'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""How fast the analytic model scores candidates, and how long one paper-space search takes.
+
+1. A space of more than a million layouts (Llama-3 405B on 16,384 H100s): enumeration,
+   rules, and the analytic model's `score` — candidates scored per second (median of 5;
+   target ≥ 1,000,000 on a 2-core machine) — then the whole `search()` on that space.
+2. `search()` of the paper space for LLaMA 65B on 128 A100s (median of 20; target < 1 s).
+
+    python benchmarks/speed.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+
+import layoutsearch
+from layoutsearch.api import resolve_cluster, resolve_model
+from layoutsearch.catalog import clusters_by_gpu
+from layoutsearch.rules import violations
+from layoutsearch.space import SearchSpace
+from layoutsearch.specs import Job
+
+BIG_SPACE = SearchSpace(
+    name="speed",
+    tp=(1, 2, 4, 8, 16, 32, 64),
+    pp=(1, 2, 4, 8, 16, 32, 64, 128),
+    cp=(1, 2, 4, 8),
+    vp=(1, 2, 3, 4),
+    micro_batch_size=(1, 2, 4, 8, 16),
+    sequence_parallel=(False, True),
+    attention=("torch", "fused", "flash1", "flash2", "flash3"),
+    rmsnorm_kernel=(False, True),
+    recompute=("none", "selective", "mlp", "full"),
+    distributed_optimizer=(False, True),
+)
+BIG_JOB = dict(model="llama3_405b", cluster="h100_sxm", num_gpus=16384, seq_length=8192,
+               global_batch_size=2048)
+
+
+def median_seconds(run: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    job = Job(model=resolve_model(BIG_JOB["model"]), cluster=resolve_cluster(BIG_JOB["cluster"]),
+              num_gpus=BIG_JOB["num_gpus"], seq_length=BIG_JOB["seq_length"],
+              global_batch_size=BIG_JOB["global_batch_size"])
+    clusters = clusters_by_gpu()
+    model = layoutsearch.build_cost_model("analytic")
+    candidates = BIG_SPACE.candidates(job)
+    rows = len(candidates)
+    print(f"space: {BIG_SPACE.size():,} knob combinations, {rows:,} candidate rows "
+          f"({BIG_JOB['model']} on {BIG_JOB['num_gpus']:,} {BIG_JOB['cluster']})")
+    enumerate_s = median_seconds(lambda: BIG_SPACE.candidates(job), 3)
+    rules_s = median_seconds(lambda: violations(candidates, clusters), 3)
+    score_s = median_seconds(lambda: model.score(candidates, clusters), 5)
+    print(f"enumerate {enumerate_s:.3f} s | rules {rules_s:.3f} s | analytic score "
+          f"{score_s:.3f} s (median of 5)")
+    print(f"candidates scored per second: {rows / score_s:,.0f} (target ≥ 1,000,000)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        search_s = median_seconds(lambda: layoutsearch.search(search_space=BIG_SPACE, **BIG_JOB), 3)
+    print(f"whole search() on that space: {search_s:.2f} s (median of 3), "
+          f"{rows / search_s:,.0f} candidates per second end to end")
+
+    paper_job = dict(model="llama_65b", cluster="a100_80gb", num_gpus=128, seq_length=2048,
+                     global_batch_size=2048, vocab_size=128000, search_space="paper")
+    paper_rows = len(layoutsearch.search(**paper_job))
+    paper_s = median_seconds(lambda: layoutsearch.search(**paper_job), 20)
+    print(f"search() paper space, llama_65b on 128 a100_80gb: {paper_rows} candidates in "
+          f"{1000 * paper_s:.1f} ms (median of 20; target < 1 s)")
+
+
+if __name__ == "__main__":
+    main()
