@@ -1,0 +1,70 @@
+"""The analytic cost model as a plug-in: constants per GPU kind, errors, fidelity guard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import layoutsearch
+from layoutsearch.catalog import cluster_names, load_cluster
+from layoutsearch.costs import build_cost_model
+from layoutsearch.costs.base import PREDICTION_COLUMNS
+from layoutsearch.costs.constants import AnalyticConstants, load_constants
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.fidelity import fidelity
+from tests.costs.builders import score, table
+
+RUNS = Path(__file__).resolve().parents[3] / "shared/data/hagemann2023/runs.csv"
+
+
+def test_every_catalog_gpu_has_constants() -> None:
+    constants = load_constants("analytic")
+    for name in cluster_names():
+        assert load_cluster(name).gpu.name in constants
+
+
+def test_scores_carry_the_prediction_columns_and_reasons() -> None:
+    rows = score(micro_batch_size=[1, 8], tp=1)
+    assert set(PREDICTION_COLUMNS) <= set(rows.columns)
+    too_big = rows[~rows["fits"]]
+    assert len(too_big) == 1
+    assert too_big["cost_reason"].iloc[0].startswith("needs ")
+    assert too_big["cost_reason"].iloc[0].endswith("GiB > 80.0 GiB per GPU")
+    assert rows.loc[rows["fits"], "cost_reason"].eq("").all()
+
+
+def test_hopper_is_faster_than_ampere_and_h200_fits_more() -> None:
+    a100 = score(cluster="a100_80gb", tp=1, micro_batch_size=[1, 2]).set_index("micro_batch_size")
+    h100 = score(cluster="h100_sxm", tp=1, micro_batch_size=[1, 2]).set_index("micro_batch_size")
+    h200 = score(cluster="h200", tp=1, micro_batch_size=[1, 2]).set_index("micro_batch_size")
+    assert h100.loc[1, "step_time_s"] < a100.loc[1, "step_time_s"]
+    assert not h100.loc[2, "fits"] and h200.loc[2, "fits"]
+
+
+def test_a_constant_out_of_range_or_missing_is_named() -> None:
+    good = load_constants("analytic")["a100_80gb"].to_dict()
+    with pytest.raises(LayoutSearchError, match="gemm_efficiency"):
+        AnalyticConstants.from_dict({**good, "gemm_efficiency": -1}, "test")
+    missing = {k: v for k, v in good.items() if k != "logit_bytes"}
+    with pytest.raises(LayoutSearchError, match="logit_bytes"):
+        AnalyticConstants.from_dict(missing, "test")
+
+
+def test_a_gpu_without_constants_is_named() -> None:
+    config = {"_target_": "layoutsearch.costs.analytic.AnalyticCostModel",
+              "gpus": {"h100_sxm": load_constants("analytic")["h100_sxm"].to_dict()}}
+    model = build_cost_model(config)
+    with pytest.raises(LayoutSearchError, match="a100_80gb"):
+        model.score(table(), layoutsearch.catalog.clusters_by_gpu())
+
+
+@pytest.mark.skipif(not RUNS.is_file(), reason="no shared measurements beside the checkout")
+def test_fidelity_on_the_study_runs_stays_at_its_measured_level() -> None:
+    # A guard against regressions of the shipped constants; benchmarks/fidelity.py prints
+    # the full table. Thresholds sit just under what the fitted model reaches.
+    _, summary = fidelity(layoutsearch.predict(RUNS))
+    assert summary["fit_accuracy"] >= 0.97
+    assert summary["min_spearman"] >= 0.90
+    assert summary["mape"] <= 0.06
+    assert summary["top3_hits"] == summary["groups"]

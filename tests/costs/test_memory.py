@@ -1,0 +1,103 @@
+"""Memory per GPU: Korthikanti's per-layer count, static memory by hand, monotonic effects."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from layoutsearch.costs.memory import GIB, activation_bytes_per_layer
+from tests.costs.builders import score, shapes
+
+GPT3 = dict(model="gpt3_175b", num_gpus=1024, seq_length=2048, global_batch_size=1536)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_gpt_block_matches_korthikanti_without_dropout(tp: int) -> None:
+    # Korthikanti et al. 2022, eq. 2 with tensor parallelism: per layer
+    # s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes. The 10 replicated bytes hold two 1-byte dropout
+    # masks, and 3 of the 5 score bytes are attention dropout (mask 1 + output 2). LLaMA-style
+    # training has no dropout, so a GPT block with fused kernels keeps
+    # s·b·h·(8 + 24/t) + 2·a·s²·b/t.
+    s, b, h, a = 2048, 1, 12288, 96
+    sh = shapes(**GPT3, tp=tp, attention="fused", rmsnorm_kernel=True, recompute="none")
+    kept, layer_input = activation_bytes_per_layer(sh)
+    expected = s * b * h * (8 + 24 / tp) + 2 * a * s * s * b / tp
+    assert kept[0] == pytest.approx(expected, rel=1e-12)
+    assert layer_input[0] == pytest.approx(2 * s * b * h)  # the checkpoint of full recompute
+
+
+def test_sequence_parallelism_splits_the_replicated_part() -> None:
+    # Korthikanti §4.2.2: with SP the 10·sbh term (8 without dropout) also divides by t.
+    s, b, h, tp = 2048, 1, 12288, 8
+    plain = activation_bytes_per_layer(shapes(**GPT3, tp=tp, attention="flash2"))[0][0]
+    split = activation_bytes_per_layer(
+        shapes(**GPT3, tp=tp, attention="flash2", sequence_parallel=True))[0][0]
+    assert plain - split == pytest.approx(8 * s * b * h * (1 - 1 / tp))
+
+
+def test_selective_recompute_drops_exactly_the_scores() -> None:
+    s, a, tp = 2048, 96, 4
+    none = activation_bytes_per_layer(shapes(**GPT3, tp=tp, attention="torch"))[0][0]
+    selective = activation_bytes_per_layer(
+        shapes(**GPT3, tp=tp, attention="torch", recompute="selective"))[0][0]
+    assert none - selective == pytest.approx(6 * a * s * s / tp)  # torch keeps 6 bytes/score
+
+
+def test_static_memory_of_llama_13b_by_hand() -> None:
+    # LLaMA 13B: 13,015,864,320 parameters, minus the final norm (5,120, not counted per
+    # stage). bf16 weights (2 bytes), bf16 gradients (gradient_bytes 2), Adam's fp32
+    # master + moments (12 bytes) sharded over dp = 64.
+    row = score(tp=1, pp=1).iloc[0]
+    params = 13_015_864_320 - 5120
+    assert row["memory_weights_gib"] == pytest.approx(2 * params / GIB)
+    assert row["memory_gradients_gib"] == pytest.approx(2 * params / GIB)
+    assert row["memory_optimizer_gib"] == pytest.approx(12 * params / 64 / GIB)
+
+
+def test_memory_parts_sum_to_the_peak() -> None:
+    rows = score(tp=[1, 2, 4, 8], pp=[1, 2, 4], micro_batch_size=[1, 4],
+                 recompute=["none", "selective", "mlp", "full"], attention=["torch", "flash2"])
+    parts = rows.filter(regex=r"^memory_.*_gib$").sum(axis=1)
+    np.testing.assert_allclose(parts, rows["peak_memory_gib"], rtol=1e-12)
+    assert (rows["fits"] == (rows["peak_memory_gib"] <= 80)).all()
+
+
+def test_more_tensor_parallelism_holds_fewer_weights_per_gpu() -> None:
+    rows = score(tp=[1, 2, 4, 8]).sort_values("tp")
+    assert rows["memory_weights_gib"].is_monotonic_decreasing
+    weights = rows["memory_weights_gib"]
+    assert weights.iloc[0] / weights.iloc[-1] == pytest.approx(8)
+
+
+def test_recompute_keeps_less_than_no_recompute() -> None:
+    rows = score(recompute=["none", "mlp", "full"], pp=2).set_index("recompute")
+    acts = rows["memory_activations_gib"]
+    assert acts["full"] < acts["mlp"] < acts["none"]
+
+
+def test_flash_attention_keeps_no_scores() -> None:
+    rows = score(attention=["torch", "fused", "flash1", "flash2"], tp=2).set_index("attention")
+    acts = rows["memory_activations_gib"]
+    assert acts["flash2"] == acts["flash1"] < acts["fused"] < acts["torch"]
+
+
+def test_fused_rmsnorm_kernel_saves_memory() -> None:
+    rows = score(rmsnorm_kernel=[False, True]).set_index("rmsnorm_kernel")
+    assert rows.loc[True, "memory_activations_gib"] < rows.loc[False, "memory_activations_gib"]
+
+
+def test_distributed_optimizer_divides_optimizer_state_by_dp() -> None:
+    rows = score(distributed_optimizer=[False, True], tp=2).set_index("distributed_optimizer")
+    dp = 32
+    assert rows.loc[False, "memory_optimizer_gib"] == pytest.approx(
+        dp * rows.loc[True, "memory_optimizer_gib"])
+
+
+def test_first_stage_holds_pp_micro_batches_in_flight() -> None:
+    # 1F1B: the first stage keeps min(pp, micro-batches) micro-batches of its layers, i.e.
+    # the activations of the whole model's L layers for one micro-batch (Korthikanti §4.2.3).
+    one_stage = score(pp=1, rmsnorm_kernel=True, tp=2).iloc[0]
+    four_stages = score(pp=4, rmsnorm_kernel=True, tp=2).iloc[0]
+    assert four_stages["memory_activations_gib"] == pytest.approx(
+        one_stage["memory_activations_gib"], rel=1e-12)
+    assert four_stages["memory_logits_gib"] == 0.0  # the peak is on the first stage here

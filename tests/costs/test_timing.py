@@ -1,0 +1,84 @@
+"""Step time: components sum to the total, the 1F1B bubble, and the effects users rely on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.costs.builders import score
+
+# A tiny vocabulary makes the output layer negligible, so every stage does the same work.
+EVEN = dict(model_fields={"vocab_size": 128}, num_gpus=64)
+
+
+def test_time_parts_sum_to_the_step_time() -> None:
+    rows = score(tp=[1, 2, 4, 8], pp=[1, 2, 4], micro_batch_size=[1, 2, 4],
+                 recompute=["none", "selective", "mlp", "full"],
+                 attention=["torch", "fused", "flash2"], sequence_parallel=[False, True])
+    parts = rows.filter(regex=r"^time_.*_s$").sum(axis=1)
+    np.testing.assert_allclose(parts, rows["step_time_s"], rtol=1e-12)
+
+
+@pytest.mark.parametrize(("pp", "vp"), [(2, 1), (4, 1), (8, 1), (4, 2), (8, 5)])
+def test_bubble_is_pp_minus_one_over_vp_m(pp: int, vp: int) -> None:
+    # Narayanan et al. 2021: the 1F1B bubble is (pp-1)/m of the steady state; interleaving
+    # with vp chunks divides it by vp. Here m = 2048 / (mb 1 · dp 64/pp).
+    row = score(**EVEN, pp=pp, vp=vp).iloc[0]
+    m = 2048 / (64 / pp)
+    steady = row["step_time_s"] - row[["time_bubble_s", "time_dp_comm_s",
+                                       "time_optimizer_s", "time_pp_comm_s"]].sum()
+    assert row["time_bubble_s"] / steady == pytest.approx((pp - 1) / (vp * m), rel=1e-3)
+
+
+def test_mfu_is_the_study_formula_from_step_time() -> None:
+    # MFU = tokens/s · (6N + 12·L·h·s) / (GPUs · 312 TFLOP/s), N of LLaMA 13B with 32k vocab.
+    row = score().iloc[0]
+    n, layers, h, s = 13_015_864_320, 40, 5120, 2048
+    tokens_per_s = 2048 * s / row["step_time_s"]
+    assert row["tokens_per_s"] == pytest.approx(tokens_per_s)
+    assert row["mfu"] == pytest.approx(tokens_per_s * (6 * n + 12 * layers * h * s) / (64 * 312e12))
+
+
+def test_recompute_costs_time() -> None:
+    rows = score(recompute=["none", "selective", "mlp", "full"], attention="torch",
+                 tp=2).set_index("recompute")
+    t = rows["step_time_s"]
+    assert t["none"] < t["selective"] < t["full"] and t["none"] < t["mlp"] < t["full"]
+    assert rows.loc["none", "time_recompute_s"] == 0.0
+    # Full recompute repeats the forward pass: about a third more than forward + backward.
+    extra = rows.loc["full", "time_recompute_s"] / (t["none"] - rows.loc["none", "time_dp_comm_s"])
+    assert 0.2 < extra < 0.4
+
+
+def test_flash_attention_is_faster_than_materialized_scores() -> None:
+    t = score(attention=["torch", "fused", "flash1", "flash2"], seq_length=8192,
+              global_batch_size=512, tp=4, pp=2).set_index("attention")["step_time_s"]
+    assert t["flash2"] < t["flash1"] < t["fused"] < t["torch"]
+
+
+def test_tensor_parallel_comm_is_zero_at_tp1_and_grows_across_nodes() -> None:
+    rows = score(tp=[1, 8, 16], model="llama_65b", num_gpus=128).set_index("tp")
+    comm = rows["time_tp_comm_s"]
+    assert comm[1] == 0.0
+    assert comm[16] > comm[8] > 0.0  # tp = 16 leaves the NVLink domain of 8 GPUs
+
+
+def test_sequence_parallelism_trades_element_wise_work_for_communication() -> None:
+    rows = score(sequence_parallel=[False, True], tp=4).set_index("sequence_parallel")
+    assert rows.loc[True, "time_elementwise_s"] < rows.loc[False, "time_elementwise_s"]
+    comm = rows["time_tp_comm_s"]
+    assert comm[True] == pytest.approx(1.25 * comm[False])
+
+
+def test_fewer_micro_batches_mean_a_larger_bubble() -> None:
+    rows = score(**EVEN, pp=4, micro_batch_size=[1, 2, 4, 8]).sort_values("micro_batch_size")
+    share = rows["time_bubble_s"] / rows["step_time_s"]
+    assert share.is_monotonic_increasing
+
+
+def test_one_row_scores_like_the_same_row_in_a_big_table() -> None:
+    big = score(tp=[1, 2, 4], pp=[1, 2], micro_batch_size=[1, 2])
+    one = score(tp=2, pp=2, micro_batch_size=2).iloc[0]
+    match = big[(big.tp == 2) & (big.pp == 2) & (big.micro_batch_size == 2)].iloc[0]
+    for column in ("step_time_s", "mfu", "peak_memory_gib"):
+        assert one[column] == match[column]
