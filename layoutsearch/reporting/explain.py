@@ -72,7 +72,7 @@ def compare(winner: pd.Series, other: pd.Series, *, top: int = 2) -> str:
     head = f"{label(other)} reaches {100 * float(other['mfu']):.1f} % MFU ({gap:.1f} points lower)"
     columns = [c for c in time_columns(pd.DataFrame([winner])) if c in other.index]
     if not columns:
-        return head
+        return head + " (this cost model gives no time breakdown to say why)"
     step_w, step_o = float(winner["step_time_s"]), float(other["step_time_s"])
     deltas = sorted(columns, key=lambda c: float(other[c]) - float(winner[c]), reverse=True)
     reasons = []
