@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.megatron import with_megatron_args
 from layoutsearch.reporting.explain import component_name, label, time_columns, why_rejected
 from layoutsearch.reporting.plots import save_figures
 from layoutsearch.reporting.study_rules import StudyCheck, check_study_rules
@@ -70,15 +71,15 @@ def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
     return lines
 
 
-def _best_section(best: pd.Series, paths: dict[str, Path]) -> list[str]:
+def _best_section(best: pd.Series, paths: dict[str, Path], command: str) -> list[str]:
     lines = [
         "## The best layout", "",
         f"**{label(best)}**: {100 * best['mfu']:.1f} % MFU, {best['step_time_s']:.2f} s per "
         f"step, {best['tokens_per_s']:.0f} tokens/s, {best['peak_memory_gib']:.1f} GiB peak "
         f"memory per GPU.", "",
     ]
-    if "megatron_args" in best.index and isinstance(best["megatron_args"], str):
-        lines += ["Megatron-LM arguments:", "", "```", best["megatron_args"], "```", ""]
+    if command:
+        lines += ["Megatron-LM arguments (`pretrain_gpt.py`):", "", "```", command, "```", ""]
     parts = sorted(((float(best[c]), c) for c in time_columns(pd.DataFrame([best]))),
                    reverse=True)
     shares = [f"{component_name(c)} {100 * v / best['step_time_s']:.1f} %"
@@ -123,7 +124,8 @@ def write_report(ranked: pd.DataFrame, out_dir: Path, *, top_k: int = TOP_K) -> 
              f"{job.seq_length} tokens", "", *_job_section(ranked, job),
              f"## Top {min(top_k, len(ranked))} layouts", "", top_table(ranked, top_k), ""]
     if check is not None:
-        lines += _best_section(best, paths)
+        lines += _best_section(best, paths, str(
+            with_megatron_args(ranked.head(1), job)["megatron_args"].iloc[0]))
     lines += ["## Every candidate", "",
               f"![MFU against peak memory]({paths['mfu_vs_memory'].name})", "",
               f"![best MFU per tp and pp]({paths['tp_pp_heatmap'].name})", ""]

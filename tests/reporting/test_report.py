@@ -32,6 +32,7 @@ def test_report_writes_markdown_and_figures(ranked: pd.DataFrame, tmp_path: Path
     # The top table shows the best layout's MFU as the search ranked it.
     assert f"{100 * ranked['mfu'].iloc[0]:.1f}" in text
     assert "64 × a100_80gb" in text
+    assert "--micro-batch-size" in text  # the winner's Megatron-LM arguments
 
 
 def test_report_of_a_paper_driver_result(tmp_path: Path) -> None:
