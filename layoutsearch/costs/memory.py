@@ -72,7 +72,8 @@ def memory_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     P = sh.params_per_gpu
     weights = WEIGHT_BYTES * P
     gradients = k["gradient_bytes"] * P
-    optimizer = OPTIMIZER_BYTES * P / np.where(sh.distributed_optimizer, sh.dp, 1.0)
+    # The distributed optimizer shards over the data- and context-parallel ranks together.
+    optimizer = OPTIMIZER_BYTES * P / np.where(sh.distributed_optimizer, sh.dp * sh.cp, 1.0)
 
     kept, layer_input = activation_bytes_per_layer(sh)
     full = sh.is_recompute("full")

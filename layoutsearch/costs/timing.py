@@ -124,9 +124,21 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     )
     forward_equivalents = passes + np.where(full, 1.0, 0.0)
 
-    # The last stage also runs the output layer and the loss (the slowest stage).
+    # Context parallelism passes each rank's K and V chunk around a ring (cp-1 steps) forward,
+    # and K, V and their gradients backward; the transfers overlap the attention kernels
+    # (Megatron/Transformer Engine ring attention), so only the excess is exposed.
+    cp = sh.cp
+    kv_bytes = 2 * 2.0 * T * sh.kv_width / t  # K and V of the local chunk, bf16
+    cp_bandwidth = _bus_bandwidth(sh, k, cp, t)
+    cp_transfer_s = (cp - 1) * kv_bytes * (1 + 2) / cp_bandwidth  # forward + backward
+    cp_exposed_s = np.where(cp > 1, np.maximum(0.0, cp_transfer_s - attention_s), 0.0)
+
+    # The last stage also runs the output layer and the loss (the slowest stage). The loss
+    # works on 1/tp of the vocabulary when it is vocabulary-parallel, else on all of it.
     logits_flops = 2 * T * h * sh.vocab / t
-    logits = passes * logits_flops / gemm_rate + LOSS_TRAFFIC * T * sh.vocab / t / bandwidth
+    vocab_share = np.where(k["logits_sharded_by_tp"] > 0, 1.0 / t, 1.0)
+    logits = (passes * logits_flops / gemm_rate
+              + LOSS_TRAFFIC * T * sh.vocab * vocab_share / bandwidth)
 
     # Pipeline: activations cross each stage boundary forward and their gradients backward;
     # neighbouring stages sit tp·cp·dp ranks apart, on another node beyond gpus_per_node.
@@ -145,6 +157,7 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
         "elementwise": (1 + BACKWARD_TRAFFIC) * elementwise_fwd_s,
         "recompute": recompute_layer_s,
         "tp_comm": tp_fwd_s + tp_bwd_s + np.where(full, tp_fwd_s, 0.0),
+        "cp_comm": cp_exposed_s,
         "overhead": forward_equivalents * k["kernel_overhead_s"],
     }
     layer_s = sum(per_layer.values())
@@ -159,10 +172,11 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     bubble = (sh.pp - 1) / sh.vp * mean_stage_mb
 
     # Data parallelism: reduce-scatter the gradients and all-gather the updated bf16 weights
-    # (distributed optimizer), or all-reduce the gradients; ranks are tp·cp apart.
-    d = sh.dp
+    # (distributed optimizer), or all-reduce the gradients. Megatron reduces over the
+    # data- and context-parallel ranks together (its dp-cp group): dp·cp ranks, tp apart.
+    d = sh.dp * cp
     P = sh.params_per_gpu
-    dp_bandwidth = _bus_bandwidth(sh, k, d, t * sh.cp)
+    dp_bandwidth = _bus_bandwidth(sh, k, d, t)
     dp_volume = np.where(
         sh.distributed_optimizer,
         (d - 1) / d * P * (k["gradient_bytes"] + 2.0),

@@ -81,4 +81,4 @@ def test_one_row_scores_like_the_same_row_in_a_big_table() -> None:
     one = score(tp=2, pp=2, micro_batch_size=2).iloc[0]
     match = big[(big.tp == 2) & (big.pp == 2) & (big.micro_batch_size == 2)].iloc[0]
     for column in ("step_time_s", "mfu", "peak_memory_gib"):
-        assert one[column] == match[column]
+        assert one[column] == pytest.approx(match[column], rel=1e-12)
