@@ -12,7 +12,7 @@ within 1 MFU point of the sweep's best: random search (expected value, exact: sa
 without replacement), plain TPE and TPE warm-started from the analytic model (medians over
 10 seeds), and the driver's own time per trial (cost-model time excluded, in-memory study).
 
-    python benchmarks/search_efficiency.py [runs.csv] [--seeds 10]
+    python benchmarks/search_efficiency.py [runs.csv] [--seeds 10] [--driver KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from layoutsearch.catalog import clusters_by_gpu, load_cluster
 from layoutsearch.costs.base import CostModel
@@ -98,7 +99,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="?", default=str(DEFAULT_RUNS))
     parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--driver", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="optuna driver settings to try, e.g. n_startup_trials=5")
     args = parser.parse_args()
+    settings = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.driver)}
     runs = read_measurements(args.runs)
     header = (f"{'job':<34} {'measured':>8} {'random':>7} {'TPE':>6} {'warm':>5} "
               f"{'ms/trial':>8} {'ms/eval':>7}")
@@ -123,7 +127,8 @@ def main() -> None:
         for variant in found:
             for seed in range(args.seeds):
                 driver = OptunaDriver(n_trials=count, target=target, seed=seed, progress=False,
-                                      warm_start="analytic" if variant == "warm" else None)
+                                      warm_start="analytic" if variant == "warm" else None,
+                                      **settings)
                 timed.seconds = 0.0
                 start = time.perf_counter()
                 ranked = driver.run(problem)
