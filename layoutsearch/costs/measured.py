@@ -165,29 +165,40 @@ class MeasuredCostModel:
 
     def _selection(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
                    reasons: pd.Series) -> tuple[list[Any], pd.Series | None]:
-        """The rows to measure, best first, and the prescreen's MFU (None without one)."""
+        """The rows to measure, best first, and the prescreen's MFU (None without one).
+
+        Layouts that no Megatron-LM command runs as asked (flash1, say) are passed over
+        with their reason, so that the `top_k` launches all measure what was asked.
+        """
         if self.prescreen is None:
-            chosen = list(candidates.index)
-            if self.top_k is not None:
-                reasons.loc[chosen[self.top_k:]] = f"not measured: beyond top_k={self.top_k}"
-            return chosen[: self.top_k], None
-        prior = self.prescreen.score(candidates, clusters)
-        name = self.prescreen.name
-        fits = prior["fits"].fillna(False).astype(bool)
-        reasons.loc[~fits] = (f"not measured: the {name} model predicts it does not fit: "
-                              + prior.loc[~fits, "cost_reason"].astype(str))
-        ranked = prior[fits].sort_values("mfu", ascending=False, kind="stable").index
-        chosen = list(ranked[: self.top_k] if self.top_k is not None else ranked)
-        rest = ranked[len(chosen):]
-        reasons.loc[rest] = f"not measured: outside the {name} top-{self.top_k}"
-        return chosen, prior["mfu"]
+            ordered, prior_mfu = list(candidates.index), None
+            beyond = f"not measured: beyond top_k={self.top_k}"
+        else:
+            prior = self.prescreen.score(candidates, clusters)
+            name = self.prescreen.name
+            fits = prior["fits"].fillna(False).astype(bool)
+            reasons.loc[~fits] = (f"not measured: the {name} model predicts it does not fit: "
+                                  + prior.loc[~fits, "cost_reason"].astype(str))
+            ordered = list(prior[fits].sort_values("mfu", ascending=False, kind="stable").index)
+            prior_mfu = prior["mfu"]
+            beyond = f"not measured: outside the {name} top-{self.top_k}"
+        chosen: list[Any] = []
+        for i in ordered:
+            if self.top_k is not None and len(chosen) >= self.top_k:
+                reasons.loc[i] = beyond
+                continue
+            row = {str(k): v for k, v in candidates.loc[i].items()}
+            notes = command_of_row(row, clusters, self.settings).notes
+            if notes:
+                reasons.loc[i] = "not measured: " + notes[0]
+            else:
+                chosen.append(i)
+        return chosen, prior_mfu
 
     def _measure(self, row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec],
                  ) -> dict[str, Any] | str:
         """A new measurement row, or why the layout cannot be launched."""
         command = command_of_row(row, clusters, self.settings)
-        if not command.exact:
-            return "not measured: " + command.notes[0]
         errors = [p for p in validate_argv(command.argv, env=command.env,
                                            world_size=command.num_gpus)
                   if p.severity == "error"]

@@ -34,10 +34,12 @@ OOM = re.compile(r"torch\.(?:cuda\.)?OutOfMemoryError|CUDA out of memory|"
                  r"CUDA error: out of memory")
 FAILURE = re.compile(
     r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|DistBackendError|"
-    r"ProcessGroupNCCL.*(?:Watchdog|timed out|Timeout)|Traceback \(most recent call last\)|"
-    r"ChildFailedError|Segmentation fault|can't open file|No such file or directory|"
-    r"RuntimeError|AssertionError|Error:"
+    r"ProcessGroupNCCL.*(?:Watchdog|timed out|Timeout)|Segmentation fault|can't open file|"
+    r"No such file or directory|\w+(?:Error|Exception): \S"
 )
+"""Lines that say what went wrong (an exception with its message, NCCL, a signal)."""
+GENERIC_FAILURE = re.compile(r"Traceback \(most recent call last\)|ChildFailedError")
+"""Lines that only say that something went wrong (used when nothing more specific is)."""
 EXCERPT_LINES = 30
 EXCERPT_CHARS = 4000
 
@@ -75,9 +77,13 @@ def _first(lines: list[str], pattern: re.Pattern[str]) -> int | None:
 
 
 def _last_failure_line(lines: list[str]) -> int | None:
-    # The last matching line usually names the exception (after the traceback frames).
-    hits = [i for i, line in enumerate(lines) if FAILURE.search(line)]
-    return hits[-1] if hits else None
+    # The last specific line usually names the exception (after the traceback frames);
+    # torchrun's own ChildFailedError summary comes after it and says less.
+    for pattern in (FAILURE, GENERIC_FAILURE):
+        hits = [i for i, line in enumerate(lines) if pattern.search(line)]
+        if hits:
+            return hits[-1]
+    return None
 
 
 def parse_log(text: str, *, warmup_iters: int = 3, returncode: int | None = 0,

@@ -4,7 +4,7 @@ A fake Megatron-LM (`fake_megatron/pretrain_gpt.py` and `fake_torchrun`) prints 
 logs priced by the analytic model, with failures injected by environment variable; and a
 conformance suite that any cost model can run.
 
-    settings = fake_megatron_settings(tmp_path, inject="2=crash,3=hang")
+    model = fake_measured_model(tmp_path, top_k=8, inject="2=crash,3=hang")
     check_cost_model(MyCostModel())
 """
 
@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
+from layoutsearch.costs import build_cost_model
+from layoutsearch.costs.measured import MeasuredCostModel
+from layoutsearch.megatron.launchers import LocalLauncher
 from layoutsearch.megatron.settings import MegatronSettings
 from layoutsearch.testing.conformance import check_cost_model, conformance_candidates
 
@@ -50,6 +54,20 @@ def fake_megatron_settings(workdir: str | Path, *, inject: str = "", sleep_s: fl
     )
 
 
+def fake_measured_model(workdir: str | Path, *, prescreen: str | None = "analytic",
+                        top_k: int | None = None, **fake: Any) -> MeasuredCostModel:
+    """A measured cost model on the fake Megatron-LM, measurements in `workdir`.
+
+    Its launcher runs every layout as one fake torchrun, however many nodes it spans (a
+    real `local` launcher runs one node). `fake` goes to `fake_megatron_settings`.
+    """
+    settings = fake_megatron_settings(workdir, **fake)
+    return MeasuredCostModel(
+        settings=settings, measurements=Path(workdir) / "measurements.csv",
+        launcher=LocalLauncher(settings, max_nodes=None),
+        prescreen=build_cost_model(prescreen) if prescreen else None, top_k=top_k)
+
+
 def launches(workdir: str | Path) -> list[str]:
     """The argv of every fake launch so far, one string each."""
     path = Path(workdir) / "launches.txt"
@@ -60,6 +78,7 @@ __all__ = [
     "FAKE_MEGATRON_PATH",
     "check_cost_model",
     "conformance_candidates",
+    "fake_measured_model",
     "fake_megatron_settings",
     "launches",
 ]

@@ -15,6 +15,21 @@ import subprocess
 import sys
 
 
+def _count_launch(script_args: list[str]) -> int:
+    """Record this launch in LAYOUTSEARCH_FAKE_LAUNCHES (one line each); its number from 1.
+
+    Counted here, before the heavy imports of the training script, so that a launch killed
+    early still counts.
+    """
+    path = os.environ.get("LAYOUTSEARCH_FAKE_LAUNCHES")
+    if not path:
+        return 0
+    with open(path, "a") as handle:
+        handle.write(" ".join(script_args) + "\n")
+    with open(path) as handle:
+        return sum(1 for _ in handle)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="torchrun", allow_abbrev=False)
     parser.add_argument("--nproc_per_node", type=int, default=1)
@@ -31,7 +46,8 @@ def main(argv: list[str]) -> int:
     world = args.nproc_per_node * args.nnodes
     env = {**os.environ, "WORLD_SIZE": str(world), "RANK": str(world - 1),
            "LOCAL_RANK": str(args.nproc_per_node - 1), "MASTER_ADDR": args.master_addr,
-           "MASTER_PORT": str(args.master_port)}
+           "MASTER_PORT": str(args.master_port),
+           "LAYOUTSEARCH_FAKE_LAUNCH_NUMBER": str(_count_launch(args.script_args))}
     if not os.path.isfile(args.script):
         print(f"{sys.executable}: can't open file {args.script!r}: [Errno 2] No such file or "
               "directory", flush=True)

@@ -4,7 +4,8 @@ It parses the argv layoutsearch emits (Megatron-LM's own rules applied first), p
 layout with the analytic cost model and prints what Megatron-LM prints: iteration lines
 with elapsed time and TFLOP/s per GPU, the memory report, or PyTorch's OOM traceback when
 the layout does not fit. Failures are injected by environment variable (see
-`layoutsearch.testing`): LAYOUTSEARCH_FAKE_INJECT, LAYOUTSEARCH_FAKE_LAUNCHES, ...
+`layoutsearch.testing`): LAYOUTSEARCH_FAKE_INJECT picks by the launch number that the
+fake torchrun passes in LAYOUTSEARCH_FAKE_LAUNCH_NUMBER.
 
     python pretrain_gpt.py --num-layers 2 ... (run by the fake torchrun)
 """
@@ -26,17 +27,6 @@ from layoutsearch.specs import ModelSpec
 
 WARMUP_SLOWDOWN = (3.0, 1.4, 1.1)
 """The first iterations run slower (allocator, NCCL set-up, autotuning), as real runs do."""
-
-
-def _launch_number(argv: list[str]) -> int:
-    """Count this launch in LAYOUTSEARCH_FAKE_LAUNCHES (one line per launch)."""
-    path = os.environ.get("LAYOUTSEARCH_FAKE_LAUNCHES")
-    if not path:
-        return 0
-    with open(path, "a") as handle:
-        handle.write(" ".join(argv) + "\n")
-    with open(path) as handle:
-        return sum(1 for _ in handle)
 
 
 def _injected(number: int) -> str:
@@ -79,7 +69,7 @@ def _fail(kind: str) -> None:
 def main(argv: list[str]) -> None:
     env = dict(os.environ)
     world = int(env.get("WORLD_SIZE", "1"))
-    number = _launch_number(argv)
+    number = int(env.get("LAYOUTSEARCH_FAKE_LAUNCH_NUMBER", "0"))
     problems = [p for p in validate_argv(argv, env=env, world_size=world)
                 if p.severity == "error"]
     if problems:

@@ -1,0 +1,111 @@
+"""The measured cost model end to end on the fake Megatron-LM: prescreen, failures, resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+import layoutsearch
+from layoutsearch.costs import build_cost_model
+from layoutsearch.costs.measured import MeasuredCostModel
+from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.measurements import read_measurements
+from layoutsearch.testing import (
+    check_cost_model,
+    conformance_candidates,
+    fake_measured_model,
+    fake_megatron_settings,
+    launches,
+)
+
+JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
+           vocab_size=128000)
+
+
+def layout_of(row: pd.Series) -> dict:
+    return {c: row[c] for c in LAYOUT_COLUMNS}
+
+
+def test_measured_search_matches_analytic_and_survives_failures(tmp_path):
+    analytic = layoutsearch.search(**JOB)
+    model = fake_measured_model(tmp_path, top_k=4, inject="2=crash,3=hang,4=oom", timeout_s=5)
+    ranked = layoutsearch.search(cost_model=model, **JOB)
+    assert layout_of(ranked.iloc[0]) == layout_of(analytic.iloc[0])
+    assert len(launches(tmp_path)) == 4 == model.launched
+    rows = read_measurements(tmp_path / "measurements.csv")
+    assert list(rows["status"]) == ["ok", "error", "timeout", "oom"]
+    ok = rows.iloc[0]
+    assert ok["mfu"] == pytest.approx(analytic.iloc[0]["mfu"], rel=0.01)
+    assert ok["peak_memory_gib"] == pytest.approx(analytic.iloc[0]["peak_memory_gib"], rel=0.01)
+    assert "Segmentation fault" in rows.iloc[1]["message"]
+    reasons = ranked["reason"]
+    assert reasons.str.startswith("measured timeout").sum() == 1
+    assert reasons.str.contains("outside the analytic top-4").any()
+    assert reasons.str.startswith("not measured: flash1 cannot be selected").any()
+    assert ranked["fits"].sum() == 1
+    # A second search over the same file launches nothing and answers the same.
+    again = layoutsearch.search(cost_model=fake_measured_model(tmp_path, top_k=4), **JOB)
+    assert len(launches(tmp_path)) == 4
+    assert layout_of(again.iloc[0]) == layout_of(ranked.iloc[0])
+
+
+SEARCH = """
+import sys
+import layoutsearch
+from layoutsearch.testing import fake_measured_model
+model = fake_measured_model(sys.argv[1], top_k=2, sleep_s=float(sys.argv[2]))
+layoutsearch.search(cost_model=model, model="llama_13b", num_gpus=64, seq_length=2048,
+                    global_batch_size=2048, vocab_size=128000)
+"""
+
+
+def test_a_killed_search_resumes_without_remeasuring(tmp_path):
+    process = subprocess.Popen([sys.executable, "-c", SEARCH, str(tmp_path), "0.5"],
+                               start_new_session=True)
+    measurements = tmp_path / "measurements.csv"
+    deadline = time.time() + 60
+    while time.time() < deadline and process.poll() is None:
+        if measurements.is_file() and len(measurements.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    time.sleep(0.5)  # a trial in flight runs on, orphaned; its result is never recorded
+    recorded = read_measurements(measurements)
+    assert len(recorded) == 1
+    before = len(launches(tmp_path))
+    subprocess.run([sys.executable, "-c", SEARCH, str(tmp_path), "0"], check=True)
+    after = read_measurements(measurements)
+    assert len(after) == 2  # every layout exactly once
+    assert not after.duplicated(subset=list(LAYOUT_COLUMNS)).any()
+    assert len(launches(tmp_path)) - before == 1  # only the missing one; nothing re-measured
+
+
+def test_measured_model_conforms_and_never_launches_what_megatron_cannot_run(tmp_path):
+    model = MeasuredCostModel(settings=fake_megatron_settings(tmp_path),
+                              measurements=tmp_path / "measurements.csv")
+    scored = check_cost_model(model, candidates=conformance_candidates(limit=2))
+    assert model.launched == 2 and scored["fits"].sum() == 2
+    capped = fake_measured_model(tmp_path, prescreen=None, top_k=1)
+    table = conformance_candidates(limit=3)
+    reasons = capped.score(table, layoutsearch.catalog.clusters_by_gpu())["cost_reason"]
+    assert list(reasons.iloc[1:]) == ["not measured: beyond top_k=1"] * 2
+    assert capped.launched == 0  # the first row is in the file already
+    flash1 = table.iloc[:1].assign(attention="flash1")
+    scored = capped.score(flash1, layoutsearch.catalog.clusters_by_gpu())
+    assert scored["cost_reason"].iloc[0].startswith("not measured: flash1 cannot be selected")
+
+
+def test_config_file_builds_the_model(tmp_path):
+    model = build_cost_model("measured", prescreen="analytic", top_k=8,
+                             measurements=str(tmp_path / "m.csv"), launcher="dry_run")
+    assert isinstance(model, MeasuredCostModel) and model.top_k == 8
+    assert model.settings.launcher == "dry_run"
+    with pytest.raises(layoutsearch.LayoutSearchError, match="unknown setting"):
+        build_cost_model("measured", topk=3)

@@ -1,0 +1,49 @@
+"""The fake Megatron-LM prints what the parser reads, and the conformance suite's own checks."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from layoutsearch.catalog import load_cluster, load_model
+from layoutsearch.costs import build_cost_model
+from layoutsearch.layout import Layout
+from layoutsearch.megatron import LocalLauncher, Trial, build_command, parse_log
+from layoutsearch.specs import Job
+from layoutsearch.testing import check_cost_model, fake_megatron_settings
+
+
+def test_fake_run_of_a_layout_that_does_not_fit_is_an_oom(tmp_path):
+    job = Job(model=load_model("llama_65b"), cluster=load_cluster("a100_80gb"), num_gpus=8,
+              seq_length=2048, global_batch_size=64)
+    settings = fake_megatron_settings(tmp_path)
+    command = build_command(Layout(tp=8, dp=1, rmsnorm_kernel=True), job, settings)
+    log = LocalLauncher(settings).run(Trial(name="oom", command=command,
+                                            log_path=tmp_path / "oom.log"))
+    result = parse_log(log.text, returncode=log.returncode)
+    assert result.status == "oom" and "torch.OutOfMemoryError" in result.message
+
+
+def test_conformance_suite_passes_the_analytic_model_and_catches_a_broken_one():
+    check_cost_model(build_cost_model("analytic"))
+
+    class Reindexed:
+        name = "broken"
+
+        def score(self, candidates, clusters):
+            return build_cost_model("analytic").score(candidates, clusters).reset_index(drop=True)
+
+    with pytest.raises(AssertionError, match="index"):
+        check_cost_model(Reindexed())
+
+    class Silent:
+        name = "silent"
+
+        def score(self, candidates, clusters):
+            out = build_cost_model("analytic").score(candidates, clusters)
+            out["fits"] = False
+            out["cost_reason"] = ""
+            return pd.DataFrame(out)
+
+    with pytest.raises(AssertionError, match="must say why"):
+        check_cost_model(Silent())
