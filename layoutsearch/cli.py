@@ -32,6 +32,7 @@ from layoutsearch.costs import build_cost_model
 from layoutsearch.drivers import build_driver
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.megatron import emit_megatron
 from layoutsearch.paths import config_dir
 from layoutsearch.reporting import report as write_run_report
 from layoutsearch.space import SearchSpace
@@ -51,7 +52,7 @@ GROUP_DIRS: dict[str, Callable[[], Path]] = {
 SUMMARY_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "peak_memory_gib", "fits", "reason")
 
 Emitter = Callable[[pd.DataFrame, Path], None]
-EMITTERS: dict[str, Emitter] = {}
+EMITTERS: dict[str, Emitter] = {"megatron": emit_megatron}
 """`emit=<name>` -> writer(ranked frame, run directory) of an extra output. Register here."""
 
 USER_ERROR_STATUS = 2  # the argparse convention for "the command line was wrong"

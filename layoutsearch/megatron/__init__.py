@@ -9,7 +9,7 @@ Only this package knows Megatron-LM's flag names and log formats (DESIGN.md).
 from __future__ import annotations
 
 from layoutsearch.megatron.args import MegatronCommand, build_command, command_of_row, job_of_row
-from layoutsearch.megatron.emit import with_megatron_args, write_launch_scripts
+from layoutsearch.megatron.emit import emit_megatron, with_megatron_args, write_launch_scripts
 from layoutsearch.megatron.launchers import (
     DryRunLauncher,
     Launcher,
@@ -37,6 +37,7 @@ __all__ = [
     "build_command",
     "build_launcher",
     "command_of_row",
+    "emit_megatron",
     "job_of_row",
     "parse_argv",
     "parse_log",

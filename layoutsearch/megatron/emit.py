@@ -71,3 +71,15 @@ def write_launch_scripts(ranked: pd.DataFrame, job: Job, out_dir: str | Path,
             f" (predicted MFU {float(mfu):.3f})" if mfu is not None and pd.notna(mfu) else "")
         paths.append(write_script(command, resolved, Path(out_dir) / f"{name}.sh", label))
     return paths
+
+
+def emit_megatron(ranked: pd.DataFrame, output_dir: Path, top_k: int = 5) -> None:
+    """The CLI's `emit=megatron`: launch scripts of the best layouts in `<run dir>/megatron/`.
+
+    The job comes from `ranked.attrs["job"]` (set by `layoutsearch.search`).
+    """
+    job = ranked.attrs.get("job")
+    if not isinstance(job, Job):
+        raise LayoutSearchError("emit=megatron needs a ranking made by layoutsearch.search")
+    paths = write_launch_scripts(ranked, job, Path(output_dir) / "megatron", top_k=top_k)
+    print(f"wrote {len(paths)} Megatron-LM launch scripts to {Path(output_dir) / 'megatron'}")

@@ -1,0 +1,27 @@
+"""`layoutsearch ... emit=megatron` writes launch scripts of the best layouts."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from layoutsearch.megatron import parse_argv
+
+
+def test_emit_megatron_writes_scripts_into_the_run_directory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "layoutsearch.cli", "model=llama_13b", "model.vocab_size=128000",
+         "num_gpus=8", "global_batch_size=64", "search_spaces.tp=[1,2]",
+         "search_spaces.pp=[1,2]", "emit=megatron", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    scripts = sorted((run_dir / "megatron").glob("*.sh"))
+    assert len(scripts) == 5 and scripts[0].name.startswith("01_")
+    argv = shlex.split(scripts[0].read_text().strip().splitlines()[-1])
+    script = next(i for i, a in enumerate(argv) if a.endswith("pretrain_gpt.py"))
+    args = parse_argv(argv[script + 1:])
+    assert args.num_layers == 40 and args.vocab_size == 128000
+    assert "Megatron-LM launch scripts" in done.stdout
