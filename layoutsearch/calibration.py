@@ -42,7 +42,7 @@ FRACTIONS = ("dp_comm_exposed",)
 """Constants in (0, 1] besides the `*_efficiency` ones."""
 MEMORY_WEIGHT = 1.0
 """Weight of the wrong-fit hinge (log units) against the step-time squared log error."""
-PRIOR_WEIGHT = 1e-4
+PRIOR_WEIGHT = 0.002
 """A weak pull of each fitted constant towards its base value (in the unconstrained space):
 constants the data cannot tell apart (exposed DP time vs network efficiency) stay physical."""
 FIDELITY_COLUMNS = ("fit_accuracy", "spearman", "regret_points", "top3_hit", "mape")
