@@ -3,7 +3,8 @@
 It composes `conf/layoutsearch.yaml` with the groups `model`, `cluster` (the catalog),
 `search_spaces`, `cost_models` and `driver`, runs the same search as
 `layoutsearch.search()`, prints the ranking and writes `ranked.csv` into the Hydra run
-directory. This is the only module of the package that imports Hydra.
+directory; at the end of a `--multirun`, its callback writes the sweep's summary. This is the
+only module of the package that imports Hydra.
 
     layoutsearch model=llama_13b model.vocab_size=128000 num_gpus=64 search_spaces.tp=[1,2]
     layoutsearch --multirun model=llama_13b,llama_65b num_gpus=64,128
@@ -24,6 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 from hydra.errors import HydraException
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from layoutsearch.api import NoLayoutFitsWarning, search
@@ -35,6 +37,7 @@ from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.megatron import emit_megatron
 from layoutsearch.paths import config_dir
 from layoutsearch.reporting import report as write_run_report
+from layoutsearch.reporting.sweep import collect_sweep, write_summary
 from layoutsearch.space import SearchSpace
 from layoutsearch.specs import Job
 
@@ -51,9 +54,10 @@ GROUP_DIRS: dict[str, Callable[[], Path]] = {
 
 SUMMARY_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "peak_memory_gib", "fits", "reason")
 
-Emitter = Callable[[pd.DataFrame, Path], None]
+Emitter = Callable[..., object]
 EMITTERS: dict[str, Emitter] = {"megatron": emit_megatron}
-"""`emit=<name>` -> writer(ranked frame, run directory) of an extra output. Register here."""
+"""`emit=<name>` -> writer(ranked frame, run directory, top_k=...) of an extra output for
+the `top_k` best layouts (`emit=megatron top_k=5`: launch scripts). Register here."""
 
 USER_ERROR_STATUS = 2  # the argparse convention for "the command line was wrong"
 
@@ -91,7 +95,7 @@ def run(config: Mapping[str, Any], output_dir: Path) -> pd.DataFrame:
     markdown = write_run_report(ranked, output_dir)
     print(report(ranked, space, top_k=top_k))
     if emit is not None:
-        EMITTERS[emit](ranked, output_dir)
+        EMITTERS[emit](ranked, output_dir, top_k=top_k)
     print(f"\nwrote {csv} and {markdown}")
     return ranked
 
@@ -165,6 +169,23 @@ def check_group_choices(argv: Sequence[str]) -> None:
                 raise LayoutSearchError(
                     unknown_name_message(override.key_or_group, choice, options)
                 )
+
+
+class MultirunSummary(Callback):
+    """Hydra callback (conf/layoutsearch.yaml): summarize the sweep when the multirun ends."""
+
+    def __init__(self) -> None:
+        self.sweep_dir: Path | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # Resolve now: the sweep dir interpolates ${now:...}, which must not drift.
+        self.sweep_dir = Path(str(config.hydra.sweep.dir))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = self.sweep_dir or Path(str(config.hydra.sweep.dir))
+        if sweep_dir.is_dir():
+            path = write_summary(collect_sweep(sweep_dir), sweep_dir)
+            print(f"wrote {path} and {sweep_dir / 'multirun.csv'}")
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="layoutsearch")

@@ -15,7 +15,7 @@ def test_emit_megatron_writes_scripts_into_the_run_directory(tmp_path: Path) -> 
     done = subprocess.run(
         [sys.executable, "-m", "layoutsearch.cli", "model=llama_13b", "model.vocab_size=128000",
          "num_gpus=8", "global_batch_size=64", "search_spaces.tp=[1,2]",
-         "search_spaces.pp=[1,2]", "emit=megatron", f"hydra.run.dir={run_dir}"],
+         "search_spaces.pp=[1,2]", "emit=megatron", "top_k=5", f"hydra.run.dir={run_dir}"],
         cwd=tmp_path, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     scripts = sorted((run_dir / "megatron").glob("*.sh"))
