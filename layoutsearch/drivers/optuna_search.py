@@ -17,6 +17,7 @@ This is the only module that imports optuna.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import math
@@ -55,6 +56,8 @@ JOURNAL_SCHEME = "journal://"
 FINGERPRINT_ATTR = "layoutsearch"
 """Study user attribute holding the job, space, objectives and cost model it was made for."""
 Outcome = tuple[TrialState, tuple[float, ...] | None]
+UNCLAIMED_S = 30.0
+"""A running trial without a worker after this long was orphaned before it was claimed."""
 UNPRICED: dict[str, Any] = {
     "mfu": None, "step_time_s": None, "tokens_per_s": None, "peak_memory_gib": None,
     "fits": False, "reason": "",
@@ -79,15 +82,38 @@ def open_storage(url: str | None) -> BaseStorage:
             return JournalStorage(JournalFileBackend(journal))
         if "://" not in url:
             raise ValueError("not a storage URL")
-        # SQLite: wait for other workers' writes instead of failing with "database is locked".
-        engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
-        return RDBStorage(url, engine_kwargs=engine)
+        if not url.startswith("sqlite"):
+            return RDBStorage(url)
+        # Wait for other workers' writes instead of failing with "database is locked".
+        storage = RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+        _serialize_sqlite(storage.engine)
+        return storage
     except Exception as error:
         raise LayoutSearchError(
             f"driver.storage={url!r}: cannot open it ({type(error).__name__}: {error}); use "
             "sqlite:///study.db, postgresql://user:password@host/db, a journal file ending "
             f"in {' or '.join(JOURNAL_SUFFIXES)}, or {JOURNAL_SCHEME}PATH"
         ) from None
+
+
+def _serialize_sqlite(engine: Any) -> None:
+    """Make every SQLite transaction take the write lock first (BEGIN IMMEDIATE).
+
+    SQLite ignores SELECT ... FOR UPDATE, so two workers could both read a queued trial as
+    WAITING and both start it; taking the lock at BEGIN makes that read-then-write atomic.
+    Recipe from SQLAlchemy's pysqlite notes ("Serializable isolation / Savepoints").
+    """
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _no_implicit_begin(connection: Any, record: Any) -> None:
+        connection.isolation_level = None  # let the "begin" hook below issue BEGIN
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections opened before the hooks existed are dropped
 
 
 def _plain(value: Any) -> Any:
@@ -324,10 +350,17 @@ def _release(study: optuna.Study) -> None:
 
 
 def _fail_dead_workers(study: optuna.Study) -> None:
-    """Fail running trials left by a killed worker of this host, so their layouts reopen."""
+    """Fail running trials left by a killed worker of this host, so their layouts reopen.
+
+    A trial is claimed (its `worker` attribute set) right after it is created; one still
+    unclaimed after UNCLAIMED_S lost its worker in between, wherever it ran.
+    """
+    now = datetime.datetime.now()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = trial.user_attrs.get("worker")
-        if worker and not _alive(worker):
+        started = trial.datetime_start or now
+        if (not _alive(worker) if worker
+                else (now - started).total_seconds() > UNCLAIMED_S):
             study._storage.set_trial_user_attr(trial._trial_id, "reason", "worker died")
             study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
 
@@ -359,6 +392,7 @@ class _Worker:
         with self.progress:
             while not self.done() and time.monotonic() < deadline:
                 trial = self.study.ask()
+                trial.set_user_attr("worker", self.worker)
                 state, values = self.answer(trial)
                 self.study.tell(trial, values, state=state)
 
@@ -380,7 +414,6 @@ class _Worker:
         params = {k: trial.suggest_categorical(k, v) for k, v in self.index.params.items()}
         label = self.index.label(params)
         trial.set_user_attr("layout", label)
-        trial.set_user_attr("worker", self.worker)
         position = self.index.rows.get(label)
         reason = ("not a candidate of this search" if position is None
                   else str(self.problem.candidates["rule_reason"].iat[position]))
