@@ -12,7 +12,8 @@ from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.specs import Job
 
 RESULT_COLUMNS = (
-    *LAYOUT_COLUMNS, "mfu", "step_time_s", "tokens_per_s", "peak_memory_gib", "fits", "reason",
+    *LAYOUT_COLUMNS, "mfu", "step_time_s", "tokens_per_s", "peak_memory_gib", "headroom_gib",
+    "fits", "reason",
 )
 
 

@@ -38,7 +38,7 @@ def ranked() -> pd.DataFrame:
 
 def test_result_has_the_documented_columns(ranked: pd.DataFrame) -> None:
     expected = [*LAYOUT_COLUMNS, "mfu", "step_time_s", "tokens_per_s", "peak_memory_gib",
-                "fits", "reason"]
+                "headroom_gib", "fits", "reason"]
     assert list(ranked.columns[: len(expected)]) == expected
     assert any(c.startswith("time_") and c.endswith("_s") for c in ranked.columns)
     assert any(c.startswith("memory_") and c.endswith("_gib") for c in ranked.columns)

@@ -39,7 +39,8 @@ def test_rank_puts_feasible_rows_first_by_mfu() -> None:
     ranked = rank(table)
     assert ranked["tp"].tolist() == [8, 2, 1, 1, 4]
     assert ranked["pp"].tolist() == [1, 1, 1, 2, 1]
-    assert list(ranked.columns[: len(RESULT_COLUMNS)]) == list(RESULT_COLUMNS)
+    present = [c for c in RESULT_COLUMNS if c in table.columns]  # this table has no headroom
+    assert list(ranked.columns[: len(present)]) == present
     assert ranked.columns[-1] == "extra"
     assert list(ranked.index) == [0, 1, 2, 3, 4]
     assert not any(c.startswith("_") for c in ranked.columns)

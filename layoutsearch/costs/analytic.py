@@ -87,6 +87,10 @@ class AnalyticCostModel:
             "tokens_per_s": tokens_per_step / step,
             "peak_memory_gib": peak_bytes / GIB,
             "fits": fits,
+            # GPU memory minus the predicted peak (negative: over). On the study's runs the
+            # wrong fit calls sit within about 5 GiB of the limit: treat a layout with less
+            # headroom than that as a gamble, and prefer the next one if the gap is small.
+            "headroom_gib": (shapes.memory_bytes - peak_bytes) / GIB,
         }
         out.update({f"time_{name}_s": value for name, value in times.items()})
         out.update({f"memory_{name}_gib": value / GIB for name, value in memory.items()})

@@ -101,3 +101,9 @@ def test_first_stage_holds_pp_micro_batches_in_flight() -> None:
     assert four_stages["memory_activations_gib"] == pytest.approx(
         one_stage["memory_activations_gib"], rel=1e-12)
     assert four_stages["memory_logits_gib"] == 0.0  # the peak is on the first stage here
+
+
+def test_headroom_is_memory_left_and_negative_when_over() -> None:
+    rows = score(micro_batch_size=[1, 8], tp=1)
+    np.testing.assert_allclose(rows["headroom_gib"], 80 - rows["peak_memory_gib"])
+    assert ((rows["headroom_gib"] >= 0) == rows["fits"]).all()
