@@ -1,9 +1,9 @@
 """One table for a whole `--multirun`: every job's overrides, best layout and MFU.
 
-A Hydra callback (registered under `hydra.callbacks` in `conf/layoutsearch.yaml`) that, when
-the sweep ends, reads each job's `ranked.csv` and `.hydra/overrides.yaml` from the sweep
-directory (so it works with any launcher, local or remote) and writes `multirun.csv`,
-`multirun.md` and `multirun_mfu.png` there.
+Reads each job's `ranked.csv` and `.hydra/overrides.yaml` from a sweep directory (so it
+works with any launcher, local or remote) and writes `multirun.csv`, `multirun.md` and
+`multirun_mfu.png` there. The CLI's Hydra callback (`cli.MultirunSummary`) calls it when a
+sweep ends; it can also be run on a finished sweep directory.
 
     layoutsearch --multirun model=llama_13b,llama_30b num_gpus=64,128 seq_length=2048,8192
     table = collect_sweep(Path("multirun/2026-01-01/12-00-00"))
@@ -17,9 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import yaml
-from hydra.experimental.callback import Callback
 from matplotlib.figure import Figure
-from omegaconf import DictConfig
 
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.reporting.explain import label
@@ -106,20 +104,3 @@ def write_summary(table: pd.DataFrame, sweep_dir: Path) -> Path:
     path = sweep_dir / "multirun.md"
     path.write_text("\n".join(lines))
     return path
-
-
-class MultirunSummary(Callback):
-    """Hydra callback: collect the sweep's results when the multirun ends."""
-
-    def __init__(self) -> None:
-        self.sweep_dir: Path | None = None
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        # Resolve now: the sweep dir interpolates ${now:...}, which must not drift.
-        self.sweep_dir = Path(str(config.hydra.sweep.dir))
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = self.sweep_dir or Path(str(config.hydra.sweep.dir))
-        if sweep_dir.is_dir():
-            path = write_summary(collect_sweep(sweep_dir), sweep_dir)
-            print(f"wrote {path} and {sweep_dir / 'multirun.csv'}")

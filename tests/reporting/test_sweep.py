@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from layoutsearch.multirun import collect_sweep, write_summary
+from layoutsearch.reporting.sweep import collect_sweep, write_summary
 
 
 def _job(sweep: Path, name: str, overrides: list[str], rows: list[dict[str, object]]) -> None:
