@@ -131,12 +131,15 @@ def paper_choice(candidates: pd.DataFrame, job: Job, evaluate: Evaluate) -> Pape
             chosen = fitting.index[0]
             why = _explain(job, fitting.loc[chosen], recompute, misses, fitting.iloc[1:])
             chosen, why = _raise_micro_batch(pool, price, fitting.loc[chosen], why)
-            return _finish(price, chosen, why)
-    return _finish(price, None, "nothing fits under the study's rules: " + "; ".join(misses[-3:]))
+            return _finish(price, pool, chosen, why)
+    if pool.empty:  # e.g. the rows an optuna search evaluated hold none the rules would pick
+        return _finish(price, pool, None, "no candidate has the settings the study's rules pick")
+    return _finish(price, pool, None,
+                   "nothing fits under the study's rules: " + "; ".join(misses[-3:]))
 
 
-def _finish(price: _Pricer, chosen: Any, why: str) -> PaperChoice:
-    rows = pd.concat(price.priced)
+def _finish(price: _Pricer, pool: pd.DataFrame, chosen: Any, why: str) -> PaperChoice:
+    rows = pd.concat(price.priced) if price.priced else pool.iloc[0:0].copy()
     if chosen is None:
         rows[RULE_COLUMN] = why
         return PaperChoice(priced=rows, chosen=None, calls=price.calls)

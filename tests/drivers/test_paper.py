@@ -134,3 +134,12 @@ def test_with_the_analytic_model_the_pick_follows_the_rules_and_is_reproducible(
     for knob in ("tp", "pp", "micro_batch_size", "sequence_parallel", "recompute"):
         assert replay[knob] == pick[knob]
     assert pick["mfu"] == pytest.approx(replay["mfu"])
+
+
+def test_rules_over_rows_without_the_study_settings_pick_nothing_and_say_why() -> None:
+    # An optuna search returns only the rows it evaluated; they may hold no mb1 /
+    # flash2 + RMSNorm / no-recompute row at all. The rules then pick nothing, without error.
+    ranked = layoutsearch.search(**JOB_13B, micro_batch_size=[2, 4])
+    choice = paper_choice(ranked, ranked.attrs["job"], lambda rows: ranked.loc[rows.index])
+    assert choice.chosen is None
+    assert choice.priced.empty
