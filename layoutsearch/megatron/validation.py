@@ -4,7 +4,8 @@ The argv is parsed back with the definitions of the flags we emit, copied from
 `megatron/training/arguments.py` (NVIDIA/Megatron-LM main, 2025-2026: same names, types,
 defaults, choices and `dest`s), so a misspelt or removed flag fails here as it would there.
 Then the rules of `validate_args` (arguments.py), `TransformerConfig.__post_init__`
-(megatron/core/transformer/transformer_config.py), the micro-batch calculator and the
+(megatron/core/transformer/transformer_config.py), `get_num_layers_to_build`
+(megatron/core/transformer/transformer_block.py), the micro-batch calculator and the
 interleaved schedule are checked, each citing where Megatron enforces it.
 
     problems = validate_argv(command.argv, env=command.env, world_size=64)
@@ -82,6 +83,8 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor-model-parallel-size", type=int, default=1)
     p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     p.add_argument("--num-layers-per-virtual-pipeline-stage", type=int)
+    p.add_argument("--decoder-first-pipeline-num-layers", type=int)
+    p.add_argument("--decoder-last-pipeline-num-layers", type=int)
     p.add_argument("--no-overlap-p2p-communication", action="store_false",
                    dest="overlap_p2p_comm")
     p.add_argument("--overlap-grad-reduce", action="store_true")
@@ -128,11 +131,46 @@ def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
     return argument_parser().parse_args(list(argv))
 
 
+def _split(a: argparse.Namespace) -> tuple[int, int]:
+    """Layers and stages left to the middle stages once the uneven ends are taken."""
+    layers, stages = a.num_layers or 0, a.pipeline_model_parallel_size
+    for end in (a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers):
+        if end is not None:
+            layers, stages = layers - end, stages - 1
+    return layers, stages
+
+
+def pipeline_stage_layers(a: argparse.Namespace) -> list[int]:
+    """The transformer layers each pipeline rank builds, first to last.
+
+    As `get_num_layers_to_build` (megatron/core/transformer/transformer_block.py) counts
+    them: without --decoder-first/last-pipeline-num-layers num_layers // pp on every rank;
+    with them, the first (last) rank builds the given count and each middle rank an equal
+    share of the rest (none when no middle rank is left).
+    """
+    pp = a.pipeline_model_parallel_size
+    first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
+    if first is None and last is None:
+        return [(a.num_layers or 0) // pp] * pp if pp > 0 else []
+    middle_layers, middle_stages = _split(a)
+    stages = [middle_layers // middle_stages if middle_stages > 0 else 0] * pp
+    if first is not None and stages:
+        stages[0] = first
+    if last is not None and stages:
+        stages[-1] = last
+    return stages
+
+
 def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
             ) -> list[tuple[bool, str, str, str]]:
     """(broken, rule, message, severity) for every rule; `a` is the parsed argv."""
     tp, pp, cp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, \
         a.context_parallel_size
+    first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
+    uneven = first is not None or last is not None
+    middle_layers, middle_stages = _split(a)
+    middle_broken = uneven and middle_stages > 0 and middle_layers % middle_stages != 0
+    stages = pipeline_stage_layers(a)
     model_parallel = tp * pp * cp
     dp = world // model_parallel if model_parallel and world % model_parallel == 0 else 0
     mb, gbs, layers = a.micro_batch_size or 0, a.global_batch_size or 0, a.num_layers or 0
@@ -140,6 +178,7 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
     groups = a.num_query_groups if a.group_query_attention else heads
     micro_batches = gbs // (mb * dp) if mb and dp else 0
     per_stage = layers // pp if pp else 0
+    largest_stage = max(stages, default=0)
     vstage = a.num_layers_per_virtual_pipeline_stage
     granularity = a.recompute_granularity
     return [
@@ -155,9 +194,37 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
         (bool(dp) and (not gbs or gbs % (mb * dp) != 0), "global_batch",
          f"global batch {gbs} must divide by micro-batch {mb} × dp {dp}", "error"),
         # validate_args: "Number of layers should be divisible by the pipeline-model-parallel
-        # size"; with interleaving, layers per stage must divide by layers per virtual stage.
-        (layers % pp != 0, "layers_per_stage",
-         f"--num-layers {layers} must divide by pp {pp}", "error"),
+        # size" unless --decoder-first/last-pipeline-num-layers split the stages unevenly
+        # (asserted on both the interleaved and the plain branch); with interleaving, layers
+        # per stage must divide by layers per virtual stage.
+        (not uneven and layers % pp != 0, "layers_per_stage",
+         f"--num-layers {layers} must divide by pp {pp} (or split the stages with "
+         "--decoder-first/last-pipeline-num-layers)", "error"),
+        # validate_args (interleaved branch): "please use --num-virtual-stages-per-pipeline-
+        # rank to specify virtual pipeline parallel degree when enable uneven pipeline
+        # parallelism".
+        (uneven and vstage is not None, "uneven_with_vstage",
+         "--num-layers-per-virtual-pipeline-stage cannot be combined with "
+         "--decoder-first/last-pipeline-num-layers", "error"),
+        # TransformerConfig.__post_init__ (uneven PP): "num_layers_in_first_pipeline_stage
+        # must be larger than 0", and the same for the last stage.
+        (any(end is not None and end <= 0 for end in (first, last)), "uneven_stage_layers",
+         f"--decoder-first-pipeline-num-layers ({first}) and --decoder-last-pipeline-"
+         f"num-layers ({last}) must be larger than 0", "error"),
+        # TransformerConfig.__post_init__ (uneven PP): "number of layers at middle stage: ...
+        # must be divisible by the middle pipeline model parallel size"; get_num_layers_to_
+        # build asserts "the left over layers must be divisible by left over stages".
+        (middle_broken, "uneven_middle_layers",
+         f"number of layers at middle stage: {middle_layers} must be divisible by the middle "
+         f"pipeline model parallel size {middle_stages}", "error"),
+        # get_num_layers_to_build builds the given counts on the first and last rank and an
+        # equal share of the rest on each middle rank (none when no middle rank is left):
+        # the checks above do not ask that they add up, so the model would silently have
+        # another number of layers, or a stage none.
+        (uneven and not middle_broken and (sum(stages) != layers or min(stages) < 1),
+         "uneven_layer_count",
+         f"pipeline stages would build {stages} layers: they must add up to --num-layers "
+         f"{layers} with at least one per stage", "error"),
         (vstage is not None and (vstage <= 0 or per_stage % vstage != 0), "layers_per_vstage",
          f"layers per stage {per_stage} must divide by --num-layers-per-virtual-pipeline-stage "
          f"{vstage}", "error"),
@@ -193,8 +260,11 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
         # between 1 and the layers per pipeline rank; selective takes neither.
         (granularity == "full" and a.recompute_method is None, "recompute_method",
          "--recompute-granularity full needs --recompute-method uniform|block", "error"),
-        (granularity == "full" and not 1 <= (a.recompute_num_layers or 0) <= max(per_stage, 1),
-         "recompute_num_layers", f"--recompute-num-layers must be in 1..{per_stage}", "error"),
+        # With uneven stages the bound is the largest stage's layer count.
+        (granularity == "full"
+         and not 1 <= (a.recompute_num_layers or 0) <= max(largest_stage, 1),
+         "recompute_num_layers", f"--recompute-num-layers must be in 1..{largest_stage}",
+         "error"),
         (granularity == "selective" and (a.recompute_method is not None
                                          or a.recompute_num_layers is not None),
          "recompute_selective", "selective recompute takes no --recompute-method or "

@@ -1,0 +1,161 @@
+"""Uneven pipeline stages: the split, its flags, Megatron-LM's rules for them, round trips."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from megatron_study import study_job, study_layout
+
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.layout import Layout
+from layoutsearch.megatron import (
+    LocalLauncher,
+    Trial,
+    build_command,
+    parse_argv,
+    parse_log,
+    validate_argv,
+)
+from layoutsearch.megatron.args import stage_layers
+from layoutsearch.megatron.inverse import row_of_argv
+from layoutsearch.megatron.validation import pipeline_stage_layers
+from layoutsearch.testing import fake_megatron_settings
+
+FIRST, LAST = "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"
+
+
+@pytest.mark.parametrize(("layers", "pp", "expected"), [
+    (60, 8, [6, 8, 8, 8, 8, 8, 8, 6]),
+    (60, 16, [2, *[4] * 14, 2]),
+    (31, 4, [8, 8, 8, 7]),
+    (41, 2, [21, 20]),
+    (5, 4, [2, 1, 1, 1]),  # ceil(5/4)=2 in the middle would leave the last stage empty
+    (40, 8, [5] * 8),
+    (60, 1, [60]),
+])
+def test_stage_layers(layers, pp, expected):
+    assert stage_layers(layers, pp) == expected
+
+
+@pytest.mark.parametrize("pp", range(2, 33))
+def test_every_split_is_one_megatron_accepts_and_the_cost_model_prices(pp):
+    for layers in range(pp, 100):
+        stages = stage_layers(layers, pp)
+        assert sum(stages) == layers and len(stages) == pp and min(stages) >= 1
+        assert len(set(stages[1:-1])) <= 1  # Megatron-LM splits the middle evenly
+        assert stages[-1] <= stages[0]  # the last stage also runs the logits
+        if layers % pp:
+            assert stages[-1] <= layers // pp
+            if max(stages) > -(-layers // pp):  # only where ceil leaves an end stage empty
+                assert layers - (pp - 2) * -(-layers // pp) < 2
+
+
+def test_fewer_layers_than_stages_is_refused():
+    with pytest.raises(LayoutSearchError, match="num_layers=3, pp=4"):
+        stage_layers(3, 4)
+
+
+def test_a_first_stage_beyond_ceil_is_a_caveat():
+    # 7 layers on 5 stages: ceil(7/5)=2 in the middle leaves 1 layer for both ends, so the
+    # middle gets 1 and the first stage 3, more than the cost model's heaviest stage of 2.
+    base = study_job("llama_13b", 2048, 40)
+    job = dataclasses.replace(base, model=base.model.replace(num_layers=7),
+                              global_batch_size=64)
+    command = build_command(study_layout(40, 1, 5), job)
+    assert not command.exact and "first stage runs 3 layers" in command.notes[0]
+    assert validate_argv(command.argv, env=command.env, world_size=40) == []
+
+
+@pytest.mark.parametrize("pp", [8, 16])
+def test_llama_30b_on_8_and_16_stages_passes_megatron_validation(pp):
+    job = study_job("llama_30b", 2048, 256)
+    assert job.global_batch_size == 2048 and job.model.vocab_size == 128000
+    layout = study_layout(256, 2, pp)
+    command = build_command(layout, job)
+    assert validate_argv(command.argv, env=command.env, world_size=256) == []
+    assert command.exact
+    args = parse_argv(command.argv)
+    stages = stage_layers(60, pp)
+    assert (args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers) == \
+        (stages[0], stages[-1])
+    assert pipeline_stage_layers(args) == stages
+    assert max(stages) == -(-60 // pp)
+    # argv -> layout -> argv
+    row = row_of_argv(command.argv, env=command.env, world_size=256, gpu="a100_80gb")
+    assert Layout.from_row(row) == layout
+    assert build_command(Layout.from_row(row), job).argv == command.argv
+
+
+def test_even_splits_and_interleaving_emit_no_split_flags():
+    even = build_command(study_layout(256, 2, 4), study_job("llama_30b", 2048, 256))
+    assert FIRST not in even.argv and LAST not in even.argv
+    interleaved = build_command(study_layout(128, 4, 2, vp=2), study_job("llama_30b", 8192, 128))
+    assert FIRST not in interleaved.argv
+
+
+def _set(argv: list[str], flag: str, value: str) -> list[str]:
+    out = list(argv)
+    out[out.index(flag) + 1] = value
+    return out
+
+
+@pytest.fixture
+def pp8() -> tuple[list[str], dict[str, str]]:
+    command = build_command(study_layout(256, 2, 8), study_job("llama_30b", 2048, 256))
+    return list(command.argv), dict(command.env)
+
+
+def _problems(argv: list[str], env: dict[str, str]) -> dict[str, str]:
+    return {p.rule: p.message for p in validate_argv(argv, env=env, world_size=256)}
+
+
+def test_a_wrong_split_is_rejected_with_megatrons_message(pp8):
+    argv, env = pp8
+    # 60 - 5 - 6 = 49 layers cannot be split over the 6 middle stages.
+    problems = _problems(_set(argv, FIRST, "5"), env)
+    assert set(problems) == {"uneven_middle_layers"}
+    assert problems["uneven_middle_layers"] == (
+        "number of layers at middle stage: 49 must be divisible by the middle pipeline model "
+        "parallel size 6")
+    assert "uneven_stage_layers" in _problems(_set(argv, LAST, "0"), env)
+    # 60 - 10 - 2 = 48 divides by 6, but gives 8 per middle stage: 10 + 6·8 + 2 = 60 holds.
+    assert _problems(_set(_set(argv, FIRST, "10"), LAST, "2"), env) == {}
+    # Without the flags, Megatron-LM asks for an even split.
+    plain = [a for i, a in enumerate(argv)
+             if a not in (FIRST, LAST) and argv[i - 1] not in (FIRST, LAST)]
+    assert set(_problems(plain, env)) == {"layers_per_stage"}
+    # Interleaving needs --num-virtual-stages-per-pipeline-rank with uneven stages.
+    assert "uneven_with_vstage" in _problems(
+        [*argv, "--num-layers-per-virtual-pipeline-stage", "2"], env)
+
+
+def test_first_and_last_must_hold_all_layers_without_middle_stages(pp8):
+    argv, env = pp8
+    pp2 = _set(_set(_set(argv, "--pipeline-model-parallel-size", "2"), FIRST, "30"), LAST, "29")
+    problems = _problems(pp2, env)
+    assert set(problems) == {"uneven_layer_count"}
+    assert "[30, 29]" in problems["uneven_layer_count"]
+    assert _problems(_set(pp2, LAST, "30"), env) == {}
+
+
+def test_recompute_layers_are_bounded_by_the_largest_stage(pp8):
+    argv, env = pp8
+    full = [*argv, "--recompute-granularity", "full", "--recompute-method", "uniform",
+            "--recompute-num-layers", "8"]
+    assert _problems(full, env) == {}
+    too_many = _problems(_set(full, "--recompute-num-layers", "9"), env)
+    assert too_many == {"recompute_num_layers": "--recompute-num-layers must be in 1..8"}
+
+
+def test_the_fake_megatron_runs_an_uneven_split(tmp_path):
+    base = study_job("llama_13b", 2048, 8)
+    job = dataclasses.replace(base, model=base.model.replace(num_layers=30),
+                              global_batch_size=64)
+    settings = fake_megatron_settings(tmp_path)
+    command = build_command(study_layout(8, 1, 8), job, settings)
+    assert parse_argv(command.argv).decoder_first_pipeline_num_layers == 3
+    log = LocalLauncher(settings).run(Trial(name="pp8", command=command,
+                                            log_path=tmp_path / "pp8.log"))
+    result = parse_log(log.text, returncode=log.returncode)
+    assert result.status == "ok", log.text[-2000:]
