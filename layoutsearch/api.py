@@ -20,6 +20,7 @@ from layoutsearch.costs import CostModel, build_cost_model
 from layoutsearch.drivers import Driver, build_driver
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.measurements import read_table, validate_measurements
+from layoutsearch.megatron import with_megatron_args
 from layoutsearch.problem import SearchProblem
 from layoutsearch.results import no_fit_message, rank
 from layoutsearch.rules import violations
@@ -27,6 +28,9 @@ from layoutsearch.space import KNOBS, SearchSpace
 from layoutsearch.specs import ClusterSpec, Job, ModelSpec
 
 MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelSpec))
+MEGATRON_ARGS_ROWS = 10_000
+"""search() writes the Megatron-LM arguments of at most this many fitting rows, the best
+ones (each command takes ~30 µs to build; a million-row search must not build them all)."""
 
 
 class NoLayoutFitsWarning(UserWarning):
@@ -92,6 +96,8 @@ def search(
 
     `overrides` change model fields (`vocab_size=128000`) or pin knobs (`tp=2`,
     `attention=["flash2"]`). The frame's `attrs["message"]` explains an empty answer.
+    `megatron_args` holds the quoted `pretrain_gpt.py` arguments of the best
+    `MEGATRON_ARGS_ROWS` (10,000) fitting rows, and "" for every other row.
     """
     model_fields, pins = _split_overrides(overrides)
     job = Job(
@@ -107,6 +113,11 @@ def search(
     clusters = {**clusters_by_gpu(), job.cluster.gpu.name: job.cluster}
     problem = SearchProblem.build(job, space, build_cost_model(cost_model), clusters)
     ranked = rank(build_driver(driver).run(problem))
+    fitting = ranked.index[ranked["fits"].eq(True)][:MEGATRON_ARGS_ROWS]
+    ranked["megatron_args"] = ""
+    if len(fitting):
+        ranked.loc[fitting, "megatron_args"] = with_megatron_args(
+            ranked.loc[fitting], job)["megatron_args"]
     message = no_fit_message(ranked, job)
     ranked.attrs["job"] = job
     ranked.attrs["message"] = message or ""

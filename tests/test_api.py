@@ -231,3 +231,21 @@ def test_predict_unknown_gpu(measured: pd.DataFrame) -> None:
     measured.loc[11, "gpu"] = "b300"
     with pytest.raises(LayoutSearchError, match=r"unknown gpu 'b300'"):
         predict(measured)
+
+
+def test_fitting_rows_carry_their_megatron_arguments(ranked: pd.DataFrame) -> None:
+    top = ranked.iloc[0]
+    assert top["fits"]
+    assert f"--tensor-model-parallel-size {top['tp']} " in top["megatron_args"]
+    assert f"--pipeline-model-parallel-size {top['pp']} " in top["megatron_args"]
+    fits = ranked["fits"].astype(bool)
+    assert (ranked.loc[fits, "megatron_args"] != "").all()
+    assert (~fits).any() and (ranked.loc[~fits, "megatron_args"] == "").all()
+
+
+def test_megatron_arguments_are_built_for_the_best_fitting_rows_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(layoutsearch.api, "MEGATRON_ARGS_ROWS", 3)
+    ranked = search(**JOB)
+    assert list(ranked.index[ranked["megatron_args"] != ""]) == [0, 1, 2]
+    assert ranked["fits"].sum() > 3
