@@ -1,4 +1,8 @@
-"""Calibration: Nelder-Mead, recovering constants from synthetic measurements, the CLI."""
+"""Calibration: bounds, the memory fit, the time fit, leave-one-job-out and the CLI.
+
+Measurements are synthetic: two small sweeps "measured" by the analytic model with known
+constants, so a fit can be checked against the truth.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +13,46 @@ import pandas as pd
 import pytest
 import yaml
 
-from layoutsearch.calibration import fit_constants, main, nelder_mead
+from layoutsearch.calibration import (
+    Bound,
+    bounds_for,
+    cross_validate,
+    fit_constants,
+    fit_memory,
+    main,
+    nelder_mead,
+)
+from layoutsearch.calibration.memory import best_overhead
 from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
 from layoutsearch.costs import build_cost_model
 from layoutsearch.costs.analytic import AnalyticCostModel
-from layoutsearch.costs.constants import load_constants
+from layoutsearch.costs.constants import AnalyticConstants, load_constants
+from layoutsearch.errors import LayoutSearchError
 from layoutsearch.rules import violations
 from layoutsearch.space import SearchSpace
 from layoutsearch.specs import Job
+
+PRIOR = load_constants("analytic_prior")
+
+
+def synthetic_runs(truth: AnalyticConstants, seq_length: int = 2048) -> pd.DataFrame:
+    """Measurement rows of two small sweeps on A100 80GB, 'measured' with `truth`."""
+    model = AnalyticCostModel({"a100_80gb": truth})
+    frames = []
+    for name, gpus in (("llama_7b", 16), ("llama_13b", 32)):
+        job = Job(model=load_model(name), cluster=load_cluster("a100_80gb"), num_gpus=gpus,
+                  seq_length=seq_length, global_batch_size=256)
+        space = SearchSpace(tp=(1, 2, 4), pp=(1, 2, 4), micro_batch_size=(1, 2, 4),
+                            sequence_parallel=(False,), attention=("flash2",),
+                            rmsnorm_kernel=(True,), recompute=("none", "full"))
+        table = space.candidates(job)
+        table = table[violations(table, clusters_by_gpu()) == ""].reset_index(drop=True)
+        scored = model.score(table, clusters_by_gpu())
+        table["status"] = np.where(scored["fits"], "ok", "oom")
+        table["step_time_s"] = scored["step_time_s"].where(scored["fits"])
+        table["mfu"] = scored["mfu"].where(scored["fits"])
+        frames.append(table)
+    return pd.concat(frames, ignore_index=True)
 
 
 def test_nelder_mead_finds_a_quadratic_minimum():
@@ -25,59 +61,97 @@ def test_nelder_mead_finds_a_quadratic_minimum():
     assert best == pytest.approx([1.0, -2.0], abs=1e-3) and value < 1e-6
 
 
-def synthetic_runs(truth: AnalyticCostModel) -> pd.DataFrame:
-    """Measurement rows of two small sweeps, 'measured' by a model with known constants."""
-    frames = []
-    for model, gpus in (("llama_7b", 16), ("llama_13b", 32)):
-        job = Job(model=load_model(model), cluster=load_cluster("a100_80gb"), num_gpus=gpus,
-                  seq_length=2048, global_batch_size=256)
-        space = SearchSpace(tp=(1, 2, 4), pp=(1, 2, 4), micro_batch_size=(1, 2),
-                            sequence_parallel=(False,), attention=("flash2",),
-                            rmsnorm_kernel=(True,), recompute=("none", "full"))
-        table = space.candidates(job)
-        table = table[violations(table, clusters_by_gpu()) == ""].reset_index(drop=True)
-        scored = truth.score(table, clusters_by_gpu())
-        table["status"] = np.where(scored["fits"], "ok", "oom")
-        table["step_time_s"] = scored["step_time_s"].where(scored["fits"])
-        table["mfu"] = scored["mfu"].where(scored["fits"])
-        frames.append(table)
-    return pd.concat(frames, ignore_index=True)
+@pytest.mark.parametrize("bound", [Bound(lo=0.5, hi=0.73), Bound(lo=1e-6, hi=1e-2, log=True)])
+def test_bounds_round_trip_and_never_leave_the_range(bound):
+    inside = bound.lo + (bound.hi - bound.lo) / 3
+    assert bound.from_free(bound.to_free(inside)) == pytest.approx(inside, rel=1e-9)
+    for z in (-50.0, 0.0, 50.0):
+        assert bound.lo <= bound.from_free(z) <= bound.hi
 
 
-def test_fit_recovers_a_known_gemm_efficiency():
-    base = load_constants("analytic")
-    true = dataclasses.replace(base["a100_80gb"],
-                               gemm_efficiency=base["a100_80gb"].gemm_efficiency * 0.8)
-    runs = synthetic_runs(AnalyticCostModel({"a100_80gb": true}))
-    fitted = fit_constants(runs, base, ["gemm_efficiency"], max_evals=60)
-    assert fitted["a100_80gb"].gemm_efficiency == pytest.approx(true.gemm_efficiency, rel=0.02)
-    assert fitted["h100_sxm"] == base["h100_sxm"]  # no H100 rows: left as it was
+def test_flash_bounds_are_the_published_ones_per_architecture():
+    assert bounds_for("a100_80gb")["flash2_efficiency"] == Bound(lo=0.50, hi=0.73)
+    assert bounds_for("h100_sxm")["flash3_efficiency"].hi == 0.75
+    assert bounds_for("some_new_gpu")["flash2_efficiency"] == Bound(lo=0.01, hi=1.0)
+
+
+def test_prior_file_has_every_constant_for_every_gpu_kind():
+    assert set(PRIOR) == {"a100_80gb", "a100_40gb", "h100_sxm", "h200"}
+    for constants in PRIOR.values():
+        for name, bound in bounds_for("a100_80gb").items():
+            if name.startswith("flash"):
+                continue  # published per architecture, checked below
+            assert bound.lo <= getattr(constants, name) <= bound.hi, name
+    assert PRIOR["a100_80gb"].gradient_bytes == 4  # Megatron-LM's fp32 main grads with --bf16
+
+
+def test_best_overhead_takes_the_middle_of_the_widest_error_free_band():
+    # Slack (GiB under the limit without overhead): ok rows 5 and 6, oom rows 1 and 2.
+    slack = np.array([[5.0, 6.0, 1.0, 2.0]])
+    ran = np.array([True, True, False, False])
+    errors, overhead, margin = best_overhead(slack, ran, Bound(lo=0.0, hi=16.0))
+    assert errors[0] == 0 and overhead[0] == pytest.approx(3.5) and margin[0] == 1.5
+    # An upper bound below the band: the best in bounds calls the oom row at slack 2 wrong.
+    errors, overhead, _ = best_overhead(slack, ran, Bound(lo=0.0, hi=1.5))
+    assert errors[0] == 1 and 1.0 <= overhead[0] <= 1.5
+
+
+def test_memory_fit_recovers_the_discrete_choices_and_every_call():
+    truth = dataclasses.replace(PRIOR["a100_80gb"], gradient_bytes=2.0, logits_sharded_by_tp=0.0,
+                                activation_memory_factor=1.5, memory_overhead_gib=2.0)
+    runs = synthetic_runs(truth, seq_length=8192)
+    assert 0.2 < (runs["status"] == "ok").mean() < 0.8  # both outcomes to learn from
+    fit = fit_memory(runs, PRIOR["a100_80gb"], clusters_by_gpu(), grid=9)
+    assert fit.errors == 0 and fit.rows == len(runs) and fit.margin_gib > 0
+    assert fit.constants.gradient_bytes == 2.0
+    predicted = AnalyticCostModel({"a100_80gb": fit.constants}).score(runs, clusters_by_gpu())
+    assert (predicted["fits"] == (runs["status"] == "ok")).all()
+    # Time constants are left as they were.
+    assert fit.constants.gemm_efficiency == PRIOR["a100_80gb"].gemm_efficiency
+
+
+def test_time_fit_recovers_a_known_gemm_efficiency():
+    truth = dataclasses.replace(PRIOR["a100_80gb"], gemm_efficiency=0.65)
+    runs = synthetic_runs(truth)
+    fitted = fit_constants(runs, PRIOR, ["gemm_efficiency"], max_evals=40,
+                           fit_memory_constants=False)
+    assert fitted["a100_80gb"].gemm_efficiency == pytest.approx(0.65, rel=0.02)
+    assert fitted["h100_sxm"] == PRIOR["h100_sxm"]  # no H100 rows: left as it was
+
+
+def test_leave_one_job_out_beats_a_wrong_prior_on_each_held_out_job():
+    truth = dataclasses.replace(PRIOR["a100_80gb"], gemm_efficiency=0.65)
+    table, pooled = cross_validate(synthetic_runs(truth), PRIOR, ["gemm_efficiency"],
+                                   max_evals=40, fit_memory_constants=False)
+    assert list(table["model"]) == ["llama_7b", "llama_13b"]
+    assert (table["verdict"] == "at least as good").all()
+    assert (table["mape_cv"] < 0.01).all() and (table["mape_prior"] > 0.1).all()
+    assert pooled["mape"] < 0.01
 
 
 def test_cli_writes_a_loadable_config_with_provenance(tmp_path, capsys):
-    base = load_constants("analytic")
-    true = dataclasses.replace(base["a100_80gb"],
-                               gemm_efficiency=base["a100_80gb"].gemm_efficiency * 0.9)
+    truth = dataclasses.replace(PRIOR["a100_80gb"], gemm_efficiency=0.7,
+                                activation_memory_factor=1.3)
     path = tmp_path / "runs.csv"
-    synthetic_runs(AnalyticCostModel({"a100_80gb": true})).to_csv(path, index=False)
+    synthetic_runs(truth).to_csv(path, index=False)
     out = tmp_path / "calibrated.yaml"
     assert main([str(path), "--out", str(out), "--free", "gemm_efficiency",
-                 "--max-evals", "40"]) == 0
+                 "--max-evals", "30", "--memory-grid", "5"]) == 0
     printed = capsys.readouterr().out
-    assert "leave-one-job-out" in printed and "summary after" in printed
+    assert "before (analytic_prior)" in printed and "leave-one-job-out pooled" in printed
+    assert "held-out jobs at least as good as the prior" in printed
     config = yaml.safe_load(out.read_text())
-    assert config["provenance"]["rows"] == len(pd.read_csv(path))
-    assert set(config["provenance"]["leave_one_job_out"]) == {"llama_7b 2048 16",
-                                                              "llama_13b 2048 32"}
+    provenance = config["provenance"]
+    assert provenance["rows"] == len(pd.read_csv(path)) and provenance["base"] == "analytic_prior"
+    assert set(provenance["leave_one_job_out"]) == {"llama_7b 2048 16", "llama_13b 2048 32"}
+    assert {"verdict", "mape_prior", "mape_cv"} <= set(provenance["leave_one_job_out"][
+        "llama_7b 2048 16"])
     model = build_cost_model(out)
     assert isinstance(model, AnalyticCostModel)
-    assert model.constants["a100_80gb"].gemm_efficiency == pytest.approx(
-        true.gemm_efficiency, rel=0.02)
+    assert model.constants["a100_80gb"].gemm_efficiency == pytest.approx(0.7, rel=0.03)
 
 
 def test_unknown_constant_is_named():
-    base = load_constants("analytic")
-    runs = synthetic_runs(AnalyticCostModel(base))
-    from layoutsearch.errors import LayoutSearchError
+    runs = synthetic_runs(PRIOR["a100_80gb"])
     with pytest.raises(LayoutSearchError, match="gemm_eff"):
-        fit_constants(runs, base, ["gemm_eff"], max_evals=5)
+        fit_constants(runs, PRIOR, ["gemm_eff"], max_evals=5)

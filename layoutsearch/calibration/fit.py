@@ -1,0 +1,136 @@
+"""Calibrate the analytic constants per GPU kind, and cross-validate leaving one job out.
+
+Per GPU kind: the memory constants first (ok/oom agreement, memory.py), then the time
+constants with those fixed (step time and ranking, timing.py). The honest figure is the
+leave-one-job-out cross-validation: fit on the other sweeps, score the held-out one, and
+compare with the starting (a-priori) constants on that same sweep.
+
+    fitted = fit_constants(rows, load_constants("analytic_prior"))
+    table = cross_validate(rows, load_constants("analytic_prior"))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+
+from layoutsearch.api import predict
+from layoutsearch.calibration.bounds import DISCRETE, PHYSICAL
+from layoutsearch.calibration.memory import fit_memory
+from layoutsearch.calibration.timing import TimeObjective, fit_time, time_free
+from layoutsearch.catalog import clusters_by_gpu
+from layoutsearch.costs.analytic import AnalyticCostModel
+from layoutsearch.costs.constants import AnalyticConstants
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.fidelity import GROUP_COLUMNS, fidelity
+from layoutsearch.rules import violations
+from layoutsearch.specs import ClusterSpec
+
+MEMORY_CONSTANTS = ("gradient_bytes", "logits_sharded_by_tp", "activation_memory_factor",
+                    "logit_bytes", "memory_overhead_gib")
+"""What the memory fit sets (memory.py)."""
+FIDELITY_COLUMNS = ("fit_accuracy", "spearman", "regret_points", "mape")
+"""The per-job figures compared before and after (FIDELITY.md)."""
+
+
+def _usable(rows: pd.DataFrame, clusters: Mapping[str, ClusterSpec]) -> pd.DataFrame:
+    """ok/oom rows that pass the rules (others say nothing about speed or memory)."""
+    keep = rows["status"].isin(["ok", "oom"]) & (violations(rows, clusters) == "")
+    return rows[keep].reset_index(drop=True)
+
+
+def _check_names(names: Sequence[str]) -> None:
+    known = set(PHYSICAL) | set(DISCRETE)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise LayoutSearchError(
+            f"--free: unknown constant(s) {', '.join(unknown)}; constants: "
+            f"{', '.join(sorted(known))}")
+
+
+def fit_constants(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
+                  free: Sequence[str] | None = None, *, max_evals: int = 600,
+                  fit_memory_constants: bool = True, memory_grid: int = 17,
+                  clusters: Mapping[str, ClusterSpec] | None = None,
+                  ) -> dict[str, AnalyticConstants]:
+    """Constants per GPU kind fitted to `rows` (validated measurement rows); others as `base`.
+
+    `free` names the time constants to fit (default: those that move a predicted step time
+    on these rows); memory constants are fitted unless `fit_memory_constants` is false.
+    """
+    clusters = dict(clusters or clusters_by_gpu())
+    if free is not None:
+        _check_names(free)
+    usable = _usable(rows, clusters)
+    fitted = dict(base)
+    for gpu, group in usable.groupby("gpu"):
+        gpu = str(gpu)
+        if gpu not in base:
+            raise LayoutSearchError(f"the base constants have no GPU kind {gpu!r} to start from")
+        start = base[gpu]
+        if fit_memory_constants:
+            start = fit_memory(group, start, clusters, grid=memory_grid).constants
+        objective = TimeObjective(group, clusters)
+        names = [n for n in free if n not in MEMORY_CONSTANTS] if free is not None else (
+            time_free(objective, start, skip=MEMORY_CONSTANTS))
+        fitted[gpu] = fit_time(objective, start, names, max_evals=max_evals)
+    return fitted
+
+
+def scored(rows: pd.DataFrame, constants: Mapping[str, AnalyticConstants],
+           clusters: Mapping[str, ClusterSpec]) -> tuple[pd.DataFrame, dict[str, float]]:
+    """FIDELITY.md's per-job table and summary of the analytic model with `constants`."""
+    return fidelity(predict(rows, cost_model=AnalyticCostModel(constants), clusters=clusters))
+
+
+def job_keys(rows: pd.DataFrame) -> pd.Series:
+    """One key per sweep (FIDELITY.md's group), "|"-joined."""
+    return rows[list(GROUP_COLUMNS)].astype(str).agg("|".join, axis=1)
+
+
+def at_least_as_good(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, bool]:
+    """Per figure, whether `after` is at least as good as `before` (1e-9 tolerance)."""
+    eps = 1e-9
+    return {
+        "fit_accuracy": after["fit_accuracy"] >= before["fit_accuracy"] - eps,
+        "spearman": after["spearman"] >= before["spearman"] - eps,
+        "regret_points": after["regret_points"] <= before["regret_points"] + eps,
+        "mape": after["mape"] <= before["mape"] + eps,
+    }
+
+
+def cross_validate(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
+                   free: Sequence[str] | None = None, *, max_evals: int = 600,
+                   fit_memory_constants: bool = True, memory_grid: int = 17,
+                   clusters: Mapping[str, ClusterSpec] | None = None,
+                   ) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Leave one job out: per sweep, `base` vs constants fitted on the other sweeps.
+
+    Returns one row per held-out sweep (`<figure>_prior`, `<figure>_cv`, `verdict`) and
+    the pooled figures of the held-out predictions (each row predicted by the fit that did
+    not see its sweep): overall fit accuracy and MFU MAPE, min ρ, max regret.
+    """
+    clusters = dict(clusters or clusters_by_gpu())
+    keys = job_keys(rows)
+    records, held_out = [], []
+    for key in keys.unique():
+        held, rest = rows[keys == key], rows[keys != key]
+        fitted = fit_constants(rest, base, free, max_evals=max_evals,
+                               fit_memory_constants=fit_memory_constants,
+                               memory_grid=memory_grid, clusters=clusters)
+        first_before = scored(held, base, clusters)[0].iloc[0]
+        first_after = scored(held, fitted, clusters)[0].iloc[0]
+        before = {c: float(first_before[c]) for c in FIDELITY_COLUMNS}
+        after = {c: float(first_after[c]) for c in FIDELITY_COLUMNS}
+        held_out.append(predict(held, cost_model=AnalyticCostModel(fitted), clusters=clusters))
+        record: dict[str, object] = dict(zip(GROUP_COLUMNS, str(key).split("|"), strict=True))
+        for column in FIDELITY_COLUMNS:
+            record[f"{column}_prior"] = before[column]
+            record[f"{column}_cv"] = after[column]
+        good = at_least_as_good(before, after)
+        record["verdict"] = ("at least as good" if all(good.values()) else
+                             "worse on " + ", ".join(n for n, ok in good.items() if not ok))
+        records.append(record)
+    _, pooled = fidelity(pd.concat(held_out, ignore_index=True))
+    return pd.DataFrame(records), pooled
