@@ -44,6 +44,7 @@ from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.problem import SearchProblem
 from layoutsearch.progress import Progress
 from layoutsearch.results import rank
+from layoutsearch.space import INTEGER_KNOBS
 
 DIRECTIONS = {
     "mfu": "maximize", "tokens_per_s": "maximize",
@@ -282,7 +283,7 @@ class OptunaDriver:
         ranked = rank(guess.evaluate(guess.feasible_candidates()))
         for _, row in ranked.head(self.warm_start_top_k).iterrows():
             params = {k: _plain(row[k]) for k in index.params}
-            study.enqueue_trial(params, skip_if_exists=True, user_attrs={
+            study.enqueue_trial(_encode(index, params), skip_if_exists=True, user_attrs={
                 "warm_start": self.warm_start, "layout": index.label(params)})
 
     def _run_workers(self, problem: SearchProblem) -> None:
@@ -411,7 +412,11 @@ class _Worker:
         return any(_feasible(t) and sign * (t.values[0] - target) >= 0 for t in evaluations)
 
     def answer(self, trial: Trial) -> Outcome:
-        params = {k: trial.suggest_categorical(k, v) for k, v in self.index.params.items()}
+        params = {
+            k: (v[trial.suggest_int(k, 0, len(v) - 1)] if k in INTEGER_KNOBS
+                else trial.suggest_categorical(k, v))
+            for k, v in self.index.params.items()
+        }
         label = self.index.label(params)
         trial.set_user_attr("layout", label)
         position = self.index.rows.get(label)
@@ -445,7 +450,7 @@ class _Worker:
         nearest = self.index.nearest(params, taken, self.rng)
         if nearest is not None:
             near = self.index.params_of(nearest)
-            self.study.enqueue_trial(near, skip_if_exists=True,
+            self.study.enqueue_trial(_encode(self.index, near), skip_if_exists=True,
                                      user_attrs={"layout": self.index.labels[nearest]})
 
     def reuse(self, trial: Trial, other: FrozenTrial) -> Outcome:
@@ -476,3 +481,8 @@ class _Worker:
         feasible = bool(row["fits"]) and all(math.isfinite(v) for v in values)
         trial.set_constraint("fits", 0.0 if feasible else 1.0)
         return TrialState.COMPLETE, values if feasible else self.worst
+
+
+def _encode(index: LayoutIndex, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Trial parameters of a layout: integer knobs as positions in their ordered values."""
+    return {k: index.params[k].index(v) if k in INTEGER_KNOBS else v for k, v in params.items()}
