@@ -7,15 +7,30 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from pandas import DataFrame
+
 from layoutsearch.api import NoLayoutFitsWarning, predict, search
 from layoutsearch.catalog import load_cluster, load_model
 from layoutsearch.costs import AnalyticCostModel, CostModel, build_cost_model
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.measurements import read_measurements
-from layoutsearch.reporting import report
 from layoutsearch.space import SearchSpace
 from layoutsearch.specs import ClusterSpec, GPUSpec, Job, ModelSpec
+
+
+def report(result: DataFrame, out_dir: str | Path | None = None, *, top_k: int = 10) -> Path:
+    """Write `report.md` and its figures for a `search` result (see `reporting.report`).
+
+    Imported on first use: the plotting stack costs a quarter of a second that searches and
+    the command line's start-up should not pay.
+    """
+    from layoutsearch.reporting import report as write_report
+
+    return write_report(result, out_dir, top_k=top_k)
+
 
 __all__ = [
     "AnalyticCostModel",

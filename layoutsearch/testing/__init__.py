@@ -38,7 +38,9 @@ def fake_megatron_settings(workdir: str | Path, *, inject: str = "", sleep_s: fl
     return MegatronSettings(
         megatron_path=str(FAKE_MEGATRON_PATH),
         python=sys.executable,
-        torchrun=(sys.executable, "-m", "layoutsearch.testing.fake_torchrun"),
+        # By path, not -m: the fake needs only the standard library, and -m would import
+        # the whole package first (about a second per launch).
+        torchrun=(sys.executable, str(Path(__file__).resolve().parent / "fake_torchrun.py")),
         launcher="local",
         train_iters=train_iters,
         warmup_iters=warmup_iters,
