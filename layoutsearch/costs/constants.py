@@ -39,7 +39,7 @@ class AnalyticConstants:
     network_efficiency: float
     """NCCL bus bandwidth as a fraction of the per-GPU NIC rate, between nodes."""
     kernel_overhead_s: float
-    """Seconds of launch and synchronization overhead per layer per forward-pass equivalent."""
+    """Seconds of launch and synchronization overhead per kernel (counted in timing.py)."""
     dp_comm_exposed: float
     """Fraction of the data-parallel gradient communication not hidden behind compute."""
     gradient_bytes: float

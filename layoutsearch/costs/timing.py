@@ -43,6 +43,15 @@ SCORE_TRAFFIC = {"torch": 54.0, "fused": 10.0, "flash1": 0.0, "flash2": 0.0, "fl
 # Vocabulary-parallel cross entropy per logit, forward and backward: upcast, max, subtract,
 # exp, sum, divide and the gradient, in fp32.
 LOSS_TRAFFIC = 52.0
+# Kernels one layer launches in its forward pass, by part: with fused kernels two norms,
+# QKV, RoPE, output projection, two residual adds, FC1, SwiGLU and FC2 (10); attention as
+# one FlashAttention kernel, three for Megatron's fused softmax (QK^T, softmax, AV) or six
+# for PyTorch's (baddbmm, scale, mask, softmax, downcast, AV); PyTorch's RMSNorm is seven
+# kernels instead of one (upcast, pow, mean, rsqrt, multiply, downcast, weight); each
+# tensor-parallel collective is one more (two forward, four with sequence parallelism).
+FORWARD_KERNELS = 10.0
+ATTENTION_KERNELS = {"torch": 6.0, "fused": 3.0, "flash1": 1.0, "flash2": 1.0, "flash3": 1.0}
+UNFUSED_NORM_EXTRA_KERNELS = 6.0
 BACKWARD_TRAFFIC = 2.0
 BACKWARD_FLOPS = 2.0  # dgrad and wgrad GEMMs are each as large as the forward GEMM
 # Adam on the local shard: read the gradient, read and write fp32 master, m and v (24),
@@ -122,7 +131,19 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
         ],
         default=0.0,
     )
-    forward_equivalents = passes + np.where(full, 1.0, 0.0)
+    # Launch overhead: the backward pass launches about twice the forward kernels;
+    # recomputation launches the recomputed part's kernels again.
+    attention_kernels = sh.per_attention(ATTENTION_KERNELS)
+    forward_kernels = (
+        FORWARD_KERNELS + attention_kernels
+        + np.where(sh.rmsnorm_kernel, 0.0, 2 * UNFUSED_NORM_EXTRA_KERNELS)
+        + np.where(t > 1, np.where(sh.sequence_parallel, 4.0, 2.0), 0.0)
+    )
+    recompute_kernels = np.select(
+        [full, sh.is_recompute("selective"), sh.is_recompute("mlp")],
+        [forward_kernels, attention_kernels, 3.0], default=0.0,
+    )
+    kernels = passes * forward_kernels + recompute_kernels
 
     # Context parallelism passes each rank's K and V chunk around a ring (cp-1 steps) forward,
     # and K, V and their gradients backward; the transfers overlap the attention kernels
@@ -158,7 +179,7 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
         "recompute": recompute_layer_s,
         "tp_comm": tp_fwd_s + tp_bwd_s + np.where(full, tp_fwd_s, 0.0),
         "cp_comm": cp_exposed_s,
-        "overhead": forward_equivalents * k["kernel_overhead_s"],
+        "overhead": kernels * k["kernel_overhead_s"],
     }
     layer_s = sum(per_layer.values())
     heavy_layers = sh.layers_per_stage
