@@ -68,19 +68,23 @@ def activation_bytes_per_layer(sh: Shapes) -> tuple[Array, Array]:
 
 
 def memory_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
-    """Bytes per GPU at the peak of the most loaded pipeline stage, by component."""
-    P = sh.params_per_gpu
-    weights = WEIGHT_BYTES * P
-    gradients = k["gradient_bytes"] * P
+    """Bytes per GPU at the peak of the most loaded pipeline stage, by component.
+
+    Three stages can hold the peak: the first (the most micro-batches in flight and the
+    input embedding), the second (one micro-batch fewer, but a full middle share of layers
+    when the first is trimmed), and the last (the output layer and the logits).
+    """
+    P = sh.stage_params  # (3, rows)
     # The distributed optimizer shards over the data- and context-parallel ranks together.
-    optimizer = OPTIMIZER_BYTES * P / np.where(sh.distributed_optimizer, sh.dp * sh.cp, 1.0)
+    shard = np.where(sh.distributed_optimizer, sh.dp * sh.cp, 1.0)
+    static = {
+        "weights": WEIGHT_BYTES * P,
+        "gradients": k["gradient_bytes"] * P,
+        "optimizer": OPTIMIZER_BYTES * P / shard,
+    }
 
     kept, layer_input = activation_bytes_per_layer(sh)
     full = sh.is_recompute("full")
-    # 1F1B: the first stage runs min(pp, micro-batches) forwards before its first backward
-    # (Narayanan et al. 2021); interleaving adds (pp-1)/(pp·vp) of that (Korthikanti §4.2.3).
-    in_flight = np.minimum(sh.pp, sh.micro_batches)
-    interleave = np.where(sh.vp > 1, 1 + (sh.pp - 1) / (sh.pp * sh.vp), 1.0)
     # The tensors counted above are a floor: unfused kernels keep extra copies and the
     # caching allocator fragments (calibrated `activation_memory_factor`).
     kept = kept * k["activation_memory_factor"]
@@ -88,24 +92,24 @@ def memory_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     stored_per_layer = np.where(full, layer_input, kept)
     # With full recomputation one layer's whole working set is rebuilt during its backward.
     working_layer = np.where(full, kept, 0.0)
-    first_stage = sh.layers_per_stage * in_flight * interleave * stored_per_layer + working_layer
-    last_stage = sh.layers_per_stage * stored_per_layer + working_layer
-    # Logits at the loss: bf16 output, fp32 upcast, softmax and gradient coexist
-    # (`logit_bytes` per value). Megatron's vocabulary-parallel cross entropy keeps 1/tp of the
-    # vocabulary per rank; a loss over gathered logits (`logits_sharded_by_tp` = 0) keeps all.
+    # Interleaving adds (pp-1)/(pp·vp) to the micro-batches in flight (Korthikanti §4.2.3).
+    interleave = np.where(sh.vp > 1, 1 + (sh.pp - 1) / (sh.pp * sh.vp), 1.0)
+    exists = sh.stage_layers > 0
+    activations = np.where(
+        exists, sh.stage_layers * sh.stage_in_flight * stored_per_layer * interleave
+        + working_layer, 0.0)
+    # Logits at the loss, on the last stage: bf16 output, fp32 upcast, softmax and gradient
+    # coexist (`logit_bytes` per value). Megatron's vocabulary-parallel cross entropy keeps
+    # 1/tp of the vocabulary per rank; a loss over gathered logits (`logits_sharded_by_tp`
+    # = 0) keeps all of it.
     vocab_share = np.where(k["logits_sharded_by_tp"] > 0, 1.0 / sh.tp, 1.0)
-    logits = k["logit_bytes"] * sh.tokens * sh.vocab * vocab_share
-    single_stage = sh.pp == 1
-    # The peak is on the first stage (most micro-batches in flight) or the last (logits).
-    use_last = single_stage | (last_stage + logits > first_stage)
-    activations = np.where(use_last, last_stage, first_stage)
-    logits = np.where(use_last, logits, 0.0)
-    overhead = k["memory_overhead_gib"] * GIB
-    return {
-        "weights": weights,
-        "gradients": gradients,
-        "optimizer": optimizer,
-        "activations": activations,
-        "logits": logits,
-        "overhead": overhead + np.zeros_like(P),
-    }
+    logits = np.zeros_like(P)
+    logits[2] = k["logit_bytes"] * sh.tokens * sh.vocab * vocab_share
+    totals = sum(static.values()) + activations + logits
+    peak_stage = np.argmax(totals, axis=0)
+    rows = np.arange(P.shape[1])
+    parts = {name: value[peak_stage, rows] for name, value in static.items()}
+    parts["activations"] = activations[peak_stage, rows]
+    parts["logits"] = logits[peak_stage, rows]
+    parts["overhead"] = k["memory_overhead_gib"] * GIB + np.zeros(P.shape[1])
+    return parts

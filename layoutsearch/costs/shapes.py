@@ -19,6 +19,7 @@ import pandas as pd
 
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.layout import ATTENTION_KERNELS, RECOMPUTE_KINDS
+from layoutsearch.pipeline import stage_split
 from layoutsearch.specs import ClusterSpec
 
 Array = np.ndarray
@@ -90,10 +91,17 @@ class Shapes:
     """Tokens of one micro-batch on one GPU: micro_batch · seq / cp."""
     micro_batches: Array
     """Micro-batches per pipeline per optimizer step."""
-    layers_per_stage: Array
-    """Layers on the heaviest pipeline stage: ceil(num_layers / pp)."""
+    stage_layers: Array
+    """Shape (3, rows): layers of the first, a middle and the last pipeline stage
+    (`pipeline.stage_split`); 0 where a stage does not exist (pp = 1 is one "last" stage)."""
+    stage_in_flight: Array
+    """Shape (3, rows): micro-batches each of those stages holds under 1F1B: min(pp, m) on
+    the first, min(pp-1, m) on the second, one on the last (Narayanan et al. 2021)."""
+    stage_params: Array
+    """Shape (3, rows): parameters on one GPU of each of those stages (layers and the
+    vocabulary matrices of the end stages, split over tp)."""
     params_per_gpu: Array
-    """Parameters on one GPU of the most loaded stage (its layers' and embedding shards)."""
+    """Parameters on one GPU of the stage that holds the most."""
 
     @classmethod
     def of(cls, table: pd.DataFrame, clusters: Mapping[str, ClusterSpec]) -> Shapes:
@@ -109,6 +117,7 @@ class Shapes:
             return np.array([float(getattr(clusters[k], attribute)) for k in kinds])[codes]
 
         L = _floats(table, "num_layers")
+        layer_counts = table["num_layers"].to_numpy(dtype=np.int64)
         h = _floats(table, "hidden_size")
         f = _floats(table, "ffn_hidden_size")
         a = _floats(table, "num_attention_heads")
@@ -126,13 +135,24 @@ class Shapes:
         mb = _floats(table, "micro_batch_size")
         seq = _floats(table, "seq_length")
         global_batch = _floats(table, "global_batch_size")
-        # Stages may be uneven (ceil/floor); the heaviest stage sets memory and pace.
-        layers_per_stage = np.ceil(L / pp)
-        # Each end stage holds one vocabulary matrix (input embedding or output layer); with a
-        # single stage an untied model holds both. Megatron keeps a copy of a tied embedding
-        # on the last stage, so pp > 1 holds one matrix per end stage either way.
-        embedding_matrices = np.where((pp == 1) & untied, 2.0, 1.0)
-        params_per_gpu = (layers_per_stage * per_layer + embedding_matrices * V * h) / tp
+        first, middle, last = stage_split(layer_counts, table["pp"].to_numpy(dtype=np.int64))
+        single = pp == 1
+        stage_layers = np.stack([
+            np.where(single, 0, first), np.where(pp > 2, middle, 0), np.where(single, L, last),
+        ]).astype(np.float64)
+        micro_batches = global_batch / (mb * dp)
+        stage_in_flight = np.stack([
+            np.minimum(pp, micro_batches), np.minimum(pp - 1, micro_batches),
+            np.ones_like(pp),
+        ])
+        # Each end stage holds one vocabulary matrix (input embedding or output layer); a
+        # single stage of an untied model holds both. Megatron keeps a copy of a tied
+        # embedding on the last stage, so with pp > 1 each end stage holds one either way.
+        stage_embeddings = np.stack([
+            np.where(single, 0.0, 1.0), np.zeros_like(pp),
+            np.where(single & untied, 2.0, 1.0),
+        ])
+        stage_params = (stage_layers * per_layer + stage_embeddings * V * h) / tp
         return cls(
             num_layers=L, hidden=h, ffn=f, heads=a, kv_width=kv, vocab=V, seq=seq,
             swiglu=swiglu, untied=untied, params_per_layer=per_layer,
@@ -152,9 +172,11 @@ class Shapes:
             attention=_codes(table, "attention", ATTENTION_KERNELS),
             recompute=_codes(table, "recompute", RECOMPUTE_KINDS),
             tokens=mb * seq / cp,
-            micro_batches=global_batch / (mb * dp),
-            layers_per_stage=layers_per_stage,
-            params_per_gpu=params_per_gpu,
+            micro_batches=micro_batches,
+            stage_layers=stage_layers,
+            stage_in_flight=stage_in_flight,
+            stage_params=stage_params,
+            params_per_gpu=stage_params.max(axis=0),
         )
 
     def per_attention(self, values: Mapping[str, float]) -> Array:

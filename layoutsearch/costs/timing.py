@@ -125,7 +125,7 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
         [full, sh.is_recompute("selective"), sh.is_recompute("mlp")],
         [
             attn_gemm_fwd_s + mlp_gemm_fwd_s + score_flops / attention_rate
-            + score_traffic / (1 + BACKWARD_TRAFFIC) / bandwidth + elementwise_fwd_s + tp_fwd_s,
+            + score_traffic / (1 + BACKWARD_TRAFFIC) / bandwidth + elementwise_fwd_s,
             score_flops / attention_rate + score_traffic / (1 + BACKWARD_TRAFFIC) / bandwidth,
             mlp_gemm_fwd_s + mlp_traffic / bandwidth,
         ],
@@ -169,9 +169,9 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     pair = _bus_bandwidth(sh, k, np.full_like(t, 2.0), t * sh.cp * sh.dp)
     pp_comm_mb = np.where(sh.pp > 1, 2 * p2p_bytes / pair, 0.0)
 
-    # The slowest stage paces the pipeline: a stage of ceil(L/pp) layers, or the last stage
-    # with its layers plus the output layer and loss. An uneven split gives the last stage
-    # the smaller share (Megatron-LM: --decoder-last-pipeline-num-layers).
+    # The slowest stage paces the pipeline: the first, a middle or the last stage (with the
+    # output layer and loss), their layers split as layoutsearch.pipeline says. The
+    # recomputed forward's collectives are counted with the communication (tp_comm).
     per_layer = {
         "gemm": passes * (attn_gemm_fwd_s + mlp_gemm_fwd_s),
         "attention": attention_s,
@@ -182,11 +182,12 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
         "overhead": kernels * k["kernel_overhead_s"],
     }
     layer_s = sum(per_layer.values())
-    heavy_layers = sh.layers_per_stage
-    last_layers = np.where(sh.pp > 1, np.floor(sh.num_layers / sh.pp), heavy_layers)
-    last_is_slowest = last_layers * layer_s + logits >= heavy_layers * layer_s
-    stage_layers = np.where(last_is_slowest, last_layers, heavy_layers)
-    stage_logits = np.where(last_is_slowest, logits, 0.0)
+    stage_s = sh.stage_layers * layer_s
+    stage_s[2] += logits
+    slowest = np.argmax(stage_s, axis=0)
+    rows = np.arange(len(slowest))
+    stage_layers = sh.stage_layers[slowest, rows]
+    stage_logits = np.where(slowest == 2, logits, 0.0)
     mean_stage_mb = (sh.num_layers * layer_s + logits) / sh.pp
     m = sh.micro_batches
     # 1F1B fill and drain: (pp-1)/vp stage times of the average stage (Narayanan et al. 2021).

@@ -21,6 +21,7 @@ from layoutsearch.costs.constants import load_constants
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.megatron.settings import MegatronSettings
+from layoutsearch.pipeline import stage_layers
 from layoutsearch.specs import ClusterSpec, Job, ModelSpec
 
 FLASH_KERNELS = ("flash2", "flash3")
@@ -97,59 +98,23 @@ def _model_args(model: ModelSpec, seq_length: int) -> list[str]:
     return argv
 
 
-def stage_layers(num_layers: int, pp: int) -> list[int]:
-    """Transformer layers of each pipeline stage, first to last, as the command splits them.
-
-    An even split when `pp` divides `num_layers`. Otherwise Megatron-LM takes the first and
-    last stage's counts from flags and splits the rest evenly over the `pp - 2` middle
-    stages (`get_num_layers_to_build`). The middle stages get c = ceil(L/pp) layers, the
-    heaviest stage the analytic cost model prices; the first and last share the remaining
-    L - (pp-2)·c, the last the smaller half: it also runs the output layer and loss, and the
-    first, which keeps pp micro-batches of activations under 1F1B, is trimmed before it
-    outgrows c. When that leaves an end stage empty (L=5, pp=4), the middle stages get
-    floor(L/pp) and the first stage the remainder, so it may hold more than ceil(L/pp).
-
-        stage_layers(60, 8) == [6, 8, 8, 8, 8, 8, 8, 6]
-        stage_layers(31, 4) == [8, 8, 8, 7]
-    """
-    if pp < 1 or num_layers < pp:
-        raise LayoutSearchError(
-            f"num_layers={num_layers}, pp={pp}: every pipeline stage needs a layer "
-            "(num_layers >= pp >= 1)"
-        )
-    base, extra = divmod(num_layers, pp)
-    if extra == 0:
-        return [base] * pp
-    middle = base + 1
-    ends = num_layers - (pp - 2) * middle
-    if ends < 2:
-        return [num_layers - (pp - 1) * base, *[base] * (pp - 1)]
-    return [ends - ends // 2, *[middle] * (pp - 2), ends // 2]
-
-
-def _pipeline_split_args(layout: Layout, model: ModelSpec) -> tuple[list[str], list[str]]:
-    """Uneven first/last stage flags (arguments.py::_add_distributed_args) and caveats."""
+def _pipeline_split_args(layout: Layout, model: ModelSpec) -> list[str]:
+    """Uneven first/last stage flags (arguments.py::_add_distributed_args), as the cost
+    model splits the layers (layoutsearch.pipeline)."""
     if layout.vp > 1 or model.num_layers % layout.pp == 0:
-        return [], []  # even stages; interleaving needs them (validate_args)
+        return []  # even stages; interleaving needs them (validate_args)
     stages = stage_layers(model.num_layers, layout.pp)
-    argv = ["--decoder-first-pipeline-num-layers", str(stages[0]),
+    return ["--decoder-first-pipeline-num-layers", str(stages[0]),
             "--decoder-last-pipeline-num-layers", str(stages[-1])]
-    heaviest = -(-model.num_layers // layout.pp)
-    notes = [] if max(stages) <= heaviest else [
-        f"{model.num_layers} layers over pp={layout.pp} stages: the first stage runs "
-        f"{stages[0]} layers, more than the ceil(L/pp) = {heaviest} the cost model prices"
-    ]
-    return argv, notes
 
 
-def _parallel_args(layout: Layout, model: ModelSpec) -> tuple[list[str], list[str]]:
+def _parallel_args(layout: Layout, model: ModelSpec) -> list[str]:
     # arguments.py::_add_distributed_args; SP at tp=1 is switched off by validate_args with a
     # warning, so it is not emitted there.
-    split, notes = _pipeline_split_args(layout, model)
     argv = [
         "--tensor-model-parallel-size", str(layout.tp),
         "--pipeline-model-parallel-size", str(layout.pp),
-        *split,
+        *_pipeline_split_args(layout, model),
     ]
     if layout.cp > 1:
         argv += ["--context-parallel-size", str(layout.cp)]
@@ -158,7 +123,7 @@ def _parallel_args(layout: Layout, model: ModelSpec) -> tuple[list[str], list[st
                  str(model.num_layers // (layout.pp * layout.vp))]
     if layout.sequence_parallel and layout.tp > 1:
         argv.append("--sequence-parallel")
-    return argv, notes
+    return argv
 
 
 def _recompute_args(layout: Layout) -> list[str]:
@@ -229,7 +194,7 @@ def build_command(layout: Layout, job: Job,
             f"equal num_gpus={job.num_gpus}; no Megatron-LM command can run it"
         )
     kernels, env, notes = _kernel_args(layout)
-    parallel, split_notes = _parallel_args(layout, model)
+    parallel = _parallel_args(layout, model)
     argv = [
         *_model_args(model, job.seq_length),
         *parallel,
@@ -265,7 +230,7 @@ def build_command(layout: Layout, job: Job,
     if layout.tp > 1 or layout.cp > 1:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     return MegatronCommand(
-        argv=tuple(argv), env={**env, **settings.env}, notes=(*notes, *split_notes),
+        argv=tuple(argv), env={**env, **settings.env}, notes=tuple(notes),
         num_gpus=job.num_gpus, gpus_per_node=job.cluster.gpus_per_node,
     )
 

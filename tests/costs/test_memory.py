@@ -107,3 +107,16 @@ def test_headroom_is_memory_left_and_negative_when_over() -> None:
     rows = score(micro_batch_size=[1, 8], tp=1)
     np.testing.assert_allclose(rows["headroom_gib"], 80 - rows["peak_memory_gib"])
     assert ((rows["headroom_gib"] >= 0) == rows["fits"]).all()
+
+
+def test_a_trimmed_first_stage_moves_the_peak_to_the_second() -> None:
+    # LLaMA 30B, 60 layers on 8 stages: [6, 8, ..., 8, 6]. Under 1F1B the first stage holds
+    # 8 micro-batches of 6 layers (48), the second 7 of 8 layers (56): the second peaks.
+    sh = shapes(model="llama_30b", num_gpus=256, pp=8, tp=2)
+    assert sh.stage_layers[:, 0].tolist() == [6.0, 8.0, 6.0]
+    acts = sh.stage_layers[:, 0] * sh.stage_in_flight[:, 0]
+    assert acts.tolist() == [48.0, 56.0, 6.0]
+    row = score(model="llama_30b", num_gpus=256, pp=8, tp=2).iloc[0]
+    kept, _ = activation_bytes_per_layer(sh)
+    factor = 1.55  # activation_memory_factor of cost_models/analytic.yaml
+    assert row["memory_activations_gib"] == pytest.approx(56 * factor * kept[0] / GIB)

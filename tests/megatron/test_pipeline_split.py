@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from megatron_study import study_job, study_layout
 
-from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.megatron import (
     LocalLauncher,
@@ -17,54 +17,27 @@ from layoutsearch.megatron import (
     parse_log,
     validate_argv,
 )
-from layoutsearch.megatron.args import stage_layers
 from layoutsearch.megatron.inverse import row_of_argv
 from layoutsearch.megatron.validation import pipeline_stage_layers
+from layoutsearch.pipeline import stage_layers, stage_split
 from layoutsearch.testing import fake_megatron_settings
 
 FIRST, LAST = "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"
 
 
-@pytest.mark.parametrize(("layers", "pp", "expected"), [
-    (60, 8, [6, 8, 8, 8, 8, 8, 8, 6]),
-    (60, 16, [2, *[4] * 14, 2]),
-    (31, 4, [8, 8, 8, 7]),
-    (41, 2, [21, 20]),
-    (5, 4, [2, 1, 1, 1]),  # ceil(5/4)=2 in the middle would leave the last stage empty
-    (40, 8, [5] * 8),
-    (60, 1, [60]),
-])
-def test_stage_layers(layers, pp, expected):
-    assert stage_layers(layers, pp) == expected
-
-
-@pytest.mark.parametrize("pp", range(2, 33))
-def test_every_split_is_one_megatron_accepts_and_the_cost_model_prices(pp):
-    for layers in range(pp, 100):
-        stages = stage_layers(layers, pp)
-        assert sum(stages) == layers and len(stages) == pp and min(stages) >= 1
-        assert len(set(stages[1:-1])) <= 1  # Megatron-LM splits the middle evenly
-        assert stages[-1] <= stages[0]  # the last stage also runs the logits
-        if layers % pp:
-            assert stages[-1] <= layers // pp
-            if max(stages) > -(-layers // pp):  # only where ceil leaves an end stage empty
-                assert layers - (pp - 2) * -(-layers // pp) < 2
-
-
-def test_fewer_layers_than_stages_is_refused():
-    with pytest.raises(LayoutSearchError, match="num_layers=3, pp=4"):
-        stage_layers(3, 4)
-
-
-def test_a_first_stage_beyond_ceil_is_a_caveat():
+def test_the_command_and_the_cost_model_split_layers_alike():
     # 7 layers on 5 stages: ceil(7/5)=2 in the middle leaves 1 layer for both ends, so the
-    # middle gets 1 and the first stage 3, more than the cost model's heaviest stage of 2.
+    # middle gets 1 and the first stage 3; the cost model prices that same first stage.
     base = study_job("llama_13b", 2048, 40)
     job = dataclasses.replace(base, model=base.model.replace(num_layers=7),
                               global_batch_size=64)
     command = build_command(study_layout(40, 1, 5), job)
-    assert not command.exact and "first stage runs 3 layers" in command.notes[0]
+    assert command.exact
+    args = parse_argv(list(command.argv))
+    assert pipeline_stage_layers(args) == [3, 1, 1, 1, 1]
     assert validate_argv(command.argv, env=command.env, world_size=40) == []
+    first, middle, last = stage_split(np.array([7]), np.array([5]))
+    assert (first[0], middle[0], last[0]) == (3, 1, 1)
 
 
 @pytest.mark.parametrize("pp", [8, 16])
