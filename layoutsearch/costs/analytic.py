@@ -11,6 +11,8 @@ overheads per GPU kind — come from `cost_models/analytic.yaml` or a calibrated
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,11 @@ class AnalyticCostModel:
                 "cost model; it takes 'gpus' (constants per GPU kind) and 'provenance'"
             )
         return cls(parse_constants(config, source), source=source)
+
+    def fingerprint(self) -> str:
+        """A digest of the constants: two files with the same constants price alike."""
+        constants = {gpu: c.to_dict() for gpu, c in sorted(self.constants.items())}
+        return hashlib.sha1(json.dumps(constants, sort_keys=True).encode()).hexdigest()[:16]
 
     def _per_row(self, table: pd.DataFrame) -> dict[str, Array]:
         codes, kinds = gpu_codes(table)

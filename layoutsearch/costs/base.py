@@ -4,6 +4,8 @@ A cost model is any object with a `name` and a `score(candidates, clusters)` met
 (DESIGN.md principle 6). `candidates` carries the measurement-schema columns of the job and
 the layout (see `space.SearchSpace.candidates`); `score` returns a frame on the same index
 with at least PREDICTION_COLUMNS, plus any breakdown columns (`time_*_s`, `memory_*_gib`).
+A cost model may also define `fingerprint() -> str`, what it prices with (constants, a file):
+a resumed optuna study refuses to continue under a model with another fingerprint.
 
     class Constant:
         name = "constant"
@@ -40,3 +42,9 @@ class CostModel(Protocol):
     ) -> pd.DataFrame:
         """One row per candidate (same index) with PREDICTION_COLUMNS and breakdowns."""
         ...
+
+
+def cost_model_fingerprint(model: CostModel) -> str:
+    """`name:fingerprint()`, or the name alone for a model without a fingerprint."""
+    fingerprint = getattr(model, "fingerprint", None)
+    return f"{model.name}:{fingerprint()}" if callable(fingerprint) else model.name

@@ -216,6 +216,10 @@ class MeasuredCostModel:
         self.file.append(measured)
         return measured
 
+    def fingerprint(self) -> str:
+        """The measurement file and what is launched: its rows grow while a study runs."""
+        return f"{self.file.path.resolve()}|prescreen={self.prescreen}|top_k={self.top_k}"
+
     def score(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
               ) -> pd.DataFrame:
         index = candidates.index

@@ -89,6 +89,11 @@ class ReplayCostModel:
         self.source = source
         self.measured = summarize_runs(runs)
 
+    def fingerprint(self) -> str:
+        """A digest of the summarized measurements (not of the file's name)."""
+        digest = pd.util.hash_pandas_object(self.measured, index=False).sum()
+        return f"{int(digest) & (2**64 - 1):016x}"
+
     @classmethod
     def load(cls, path: str | Path) -> ReplayCostModel:
         """From a measurement file (CSV, or Parquet by its suffix), validated on reading."""

@@ -39,6 +39,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from layoutsearch.costs import build_cost_model
+from layoutsearch.costs.base import cost_model_fingerprint
 from layoutsearch.drivers.layout_index import LayoutIndex
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.problem import SearchProblem
@@ -213,7 +214,7 @@ class OptunaDriver:
             "job": problem.job.columns(),
             "space": {k: list(v) for k, v in problem.space.axes().items()},
             "objectives": list(self.objectives),
-            "cost_model": problem.cost_model.name,
+            "cost_model": cost_model_fingerprint(problem.cost_model),
         }
         return dict(json.loads(json.dumps(made_for, default=_plain)))
 

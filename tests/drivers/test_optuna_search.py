@@ -187,6 +187,17 @@ def test_a_study_made_for_another_job_or_space_is_refused(tmp_path: Path,
         OptunaDriver(n_trials=3, storage=url, study_name="s", progress=False).run(narrower)
 
 
+def test_a_study_priced_by_other_constants_is_refused(tmp_path: Path) -> None:
+    # Two analytic configs share the name "analytic"; their constants tell them apart.
+    url = f"sqlite:///{tmp_path}/study.db"
+    problem = make_problem(build_cost_model("analytic"))
+    OptunaDriver(n_trials=2, storage=url, study_name="s", progress=False).run(problem)
+    other = SearchProblem.build(problem.job, problem.space, build_cost_model("analytic_prior"),
+                                problem.clusters)
+    with pytest.raises(LayoutSearchError, match="cost_model"):
+        OptunaDriver(n_trials=2, storage=url, study_name="s", progress=False).run(other)
+
+
 def test_bad_storage_urls_and_settings_are_named(tmp_path: Path,
                                                  counting: CountingModel) -> None:
     problem = make_problem(counting)
