@@ -88,6 +88,10 @@ def fidelity(predicted: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
             "score the rows with layoutsearch.predict() first"
         )
     collapsed = collapse_twins(predicted)
+    if collapsed.empty:
+        raise LayoutSearchError(
+            "fidelity needs measured rows with status ok or oom; the frame has none"
+        )
     records = []
     for key, group in collapsed.groupby(list(GROUP_COLUMNS), observed=True):
         result = group_fidelity(group)

@@ -135,3 +135,10 @@ def test_predict_then_fidelity_on_a_file_with_spelled_out_booleans(
     table, summary = fidelity(predict(path))
     assert table.loc[0, "rows"] == 3  # tp 1 with and without SP is one layout
     assert summary["groups"] == 1
+
+
+def test_a_frame_without_ok_or_oom_rows_is_named() -> None:
+    frame = pd.DataFrame({"status": ["error"], "tp": [1], "sequence_parallel": [False],
+                          "mfu": [None], "predicted_mfu": [0.5], "predicted_fits": [True]})
+    with pytest.raises(LayoutSearchError, match="status ok or oom"):
+        fidelity(frame)

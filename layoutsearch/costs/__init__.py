@@ -52,6 +52,12 @@ def build_cost_model(
         config, source = dict(spec), "cost model config"
     config.update(settings)
     target = config.pop("_target_", None)
+    if target is None and "megatron_path" in config:
+        raise LayoutSearchError(
+            f"{source}: these are the Megatron-LM backend's settings (where Megatron-LM is, "
+            "how trials launch), not a cost model; launch layouts with cost_models=measured, "
+            "which reads them"
+        )
     if target not in COST_MODEL_TARGETS:
         raise LayoutSearchError(
             f"{source}: _target_={target!r} is not a registered cost model; "

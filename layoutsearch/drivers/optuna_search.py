@@ -196,6 +196,12 @@ class OptunaDriver:
                 raise LayoutSearchError(unknown_name_message("objective", objective, DIRECTIONS))
         if self.sampler not in SAMPLERS:
             raise LayoutSearchError(unknown_name_message("sampler", self.sampler, SAMPLERS))
+        for name in ("timeout", "target"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or (name == "timeout" and value <= 0)):
+                rule = "a positive number of seconds" if name == "timeout" else "a number"
+                raise LayoutSearchError(f"driver.{name}={value!r}: must be {rule}")
         for name in ("n_trials", "n_workers", "warm_start_top_k"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)

@@ -68,3 +68,8 @@ def test_fidelity_on_the_study_runs_stays_at_its_measured_level() -> None:
     assert summary["min_spearman"] >= 0.90
     assert summary["mape"] <= 0.06
     assert summary["top3_hits"] == summary["groups"]
+
+
+def test_the_megatron_settings_are_not_a_cost_model() -> None:
+    with pytest.raises(LayoutSearchError, match="cost_models=measured"):
+        build_cost_model("megatron")

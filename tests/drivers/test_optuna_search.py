@@ -213,6 +213,8 @@ def test_bad_storage_urls_and_settings_are_named(tmp_path: Path,
         build_driver("optuna", n_trials=0)
     with pytest.raises(LayoutSearchError, match="unexpected keyword"):
         build_driver("optuna", n_trails=5)
+    with pytest.raises(LayoutSearchError, match=r"driver\.timeout='10': must be a positive"):
+        build_driver("optuna", timeout="10")
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="needs fork")
