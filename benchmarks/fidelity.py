@@ -5,7 +5,7 @@ two error kinds, Spearman ρ of predicted against measured MFU, top-1 regret in 
 whether the measured best is among the top 3 predicted, and MFU MAPE; then the summary
 and the targets of the core-engine issue.
 
-    python benchmarks/fidelity.py [RUNS.csv] [--cost-model analytic|PATH.yaml]
+    python benchmarks/fidelity.py [--runs RUNS.csv] [--cost-model analytic|PATH.yaml]
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from measured_runs import RUNS_HELP, default_runs
 
 import layoutsearch
 from layoutsearch.fidelity import fidelity
 
-DEFAULT_RUNS = Path(__file__).resolve().parents[2] / "shared/data/hagemann2023/runs.csv"
 TARGETS = {  # summary key: (rule, threshold)
     "fit_accuracy": (">=", 0.95),
     "min_spearman": (">=", 0.90),
@@ -30,7 +30,7 @@ TARGETS = {  # summary key: (rule, threshold)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("runs", nargs="?", type=Path, default=DEFAULT_RUNS)
+    parser.add_argument("--runs", type=Path, default=default_runs(), help=RUNS_HELP)
     parser.add_argument("--cost-model", default="analytic",
                         help="a cost_models/ config name or a YAML path (default: analytic)")
     args = parser.parse_args()

@@ -6,7 +6,7 @@ rules' pick and MFU, and the gap in MFU points (target: ≤ 1). Under `replay` M
 measured ones, so the row compares the measured MFU of the rules' pick with the best
 measured run; a rule step that meets an unmeasured layout is reported as such.
 
-    python benchmarks/paper_rules.py [--runs ../shared/data/hagemann2023/runs.csv]
+    python benchmarks/paper_rules.py [--runs RUNS.csv]
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import argparse
 import warnings
 from pathlib import Path
 
+from measured_runs import RUNS_HELP, default_runs
+
 import layoutsearch
 from layoutsearch.reporting.explain import compare, label
 
-DEFAULT_RUNS = Path(__file__).resolve().parents[2] / "shared/data/hagemann2023/runs.csv"
 JOBS = (  # model, seq_length, num_gpus, global batch (2^22 tokens)
     ("llama_13b", 2048, 64, 2048),
     ("llama_13b", 8192, 128, 512),
@@ -58,8 +59,7 @@ def compare_job(model: str, seq: int, gpus: int, batch: int, cost_model: object,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=Path, default=DEFAULT_RUNS,
-                        help="measurement file for the replay comparison")
+    parser.add_argument("--runs", type=Path, default=default_runs(), help=RUNS_HELP)
     args = parser.parse_args()
     # The shared runs never used sequence parallelism, so under replay the space is pinned
     # to what was measured (the SP rule cannot be checked against them).

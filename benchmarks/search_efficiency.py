@@ -12,7 +12,7 @@ within 1 MFU point of the sweep's best: random search (expected value, exact: sa
 without replacement), plain TPE and TPE warm-started from the analytic model (medians over
 10 seeds), and the driver's own time per trial (cost-model time excluded, in-memory study).
 
-    python benchmarks/search_efficiency.py [runs.csv] [--seeds 10] [--driver KEY=VALUE ...]
+    python benchmarks/search_efficiency.py [--runs RUNS.csv] [--seeds 10] [--driver KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
+from measured_runs import RUNS_HELP, default_runs
 
 from layoutsearch.catalog import clusters_by_gpu, load_cluster
 from layoutsearch.costs.base import CostModel
@@ -36,7 +37,6 @@ from layoutsearch.rules import violations
 from layoutsearch.space import KNOBS, SearchSpace
 from layoutsearch.specs import ClusterSpec, Job, ModelSpec
 
-DEFAULT_RUNS = Path(__file__).resolve().parents[2] / "shared/data/hagemann2023/runs.csv"
 WITHIN_MFU = 0.01  # "within 1 MFU point" of the best
 MODEL_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                 "num_query_groups", "vocab_size", "swiglu", "untie_embeddings", "normalization")
@@ -97,7 +97,7 @@ def evaluations_to_reach(ranked: pd.DataFrame, target: float) -> int | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("runs", nargs="?", default=str(DEFAULT_RUNS))
+    parser.add_argument("--runs", type=Path, default=default_runs(), help=RUNS_HELP)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--driver", nargs="*", default=[], metavar="KEY=VALUE",
                         help="optuna driver settings to try, e.g. n_startup_trials=5")

@@ -6,20 +6,21 @@ the RMSNorm kernel, and a (tp, pp) whose measured MFU with those settings is wit
 of the job's best measured run. The measurements have no sequence-parallel runs, so the
 check is printed twice: on the full paper space and with sequence_parallel pinned to false.
 
-    python benchmarks/study_findings.py [RUNS.csv]
+    python benchmarks/study_findings.py [--runs RUNS.csv]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import warnings
 from pathlib import Path
 
 import pandas as pd
+from measured_runs import RUNS_HELP, default_runs
 
 import layoutsearch
 
-DEFAULT_RUNS = Path(__file__).resolve().parents[2] / "shared/data/hagemann2023/runs.csv"
 JOBS = (("llama_13b", 2048, 64), ("llama_13b", 8192, 128), ("llama_30b", 2048, 256),
         ("llama_30b", 8192, 128), ("llama_65b", 2048, 128))
 TOKENS_PER_STEP = 2**22
@@ -52,7 +53,9 @@ def check(runs: pd.DataFrame, model: str, seq: int, gpus: int, **pins: object) -
 
 
 def main() -> int:
-    path = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_RUNS
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=Path, default=default_runs(), help=RUNS_HELP)
+    path = parser.parse_args().runs
     if not path.is_file():
         print(f"no measurement file at {path}")
         return 2
