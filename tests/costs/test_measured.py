@@ -34,7 +34,7 @@ def layout_of(row: pd.Series) -> dict:
 
 def test_measured_search_matches_analytic_and_survives_failures(tmp_path):
     analytic = layoutsearch.search(**JOB)
-    model = fake_measured_model(tmp_path, top_k=4, inject="2=crash,3=hang,4=oom", timeout_s=5)
+    model = fake_measured_model(tmp_path, top_k=4, inject="2=crash,3=hang,4=oom", timeout_s=3)
     ranked = layoutsearch.search(cost_model=model, **JOB)
     assert layout_of(ranked.iloc[0]) == layout_of(analytic.iloc[0])
     assert len(launches(tmp_path)) == 4 == model.launched

@@ -94,7 +94,7 @@ def test_local_launcher_runs_the_fake_and_kills_a_hang(tmp_path):
     first = LocalLauncher(settings).run(Trial(name="a", command=command,
                                               log_path=tmp_path / "a.log"))
     assert parse_log(first.text).status == "ok"
-    second = LocalLauncher(settings.replace(timeout_s=4)).run(
+    second = LocalLauncher(settings.replace(timeout_s=2)).run(
         Trial(name="b", command=command, log_path=tmp_path / "b.log"))
     assert second.timed_out and parse_log(second.text, timed_out=True).status == "timeout"
     missing = LocalLauncher(settings.replace(script="missing.py")).run(
