@@ -1,4 +1,4 @@
-"""How well a cost model ranks measured layouts (FIDELITY.md): one line per job, a summary.
+"""How well a cost model ranks measured layouts (docs/fidelity.md): one line per job, a summary.
 
 Per job (model, seq_length, gpu, num_gpus, global_batch_size): rows, fit accuracy and its
 two error kinds, Spearman ρ of predicted against measured MFU, top-1 regret in MFU points,

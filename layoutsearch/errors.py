@@ -1,7 +1,7 @@
 """The one exception type a user of layoutsearch sees for their own mistakes.
 
-Errors a user can cause name the field, the value and the rule, and suggest a fix
-(DESIGN.md principle 5); assertions are kept for our own bugs.
+Errors a user can cause name the field, the value and the rule, and suggest a fix;
+assertions are kept for our own bugs.
 
     raise LayoutSearchError(unknown_name_message("model", "llama13b", ["llama_13b"]))
 """

@@ -1,4 +1,4 @@
-"""How well a cost model's ranking matches measurements (FIDELITY.md), per job and overall.
+"""How well a cost model's ranking matches measurements (docs/fidelity.md), per job and overall.
 
 A group is one sweep: the rows sharing (model, seq_length, gpu, num_gpus,
 global_batch_size). Rows that a kernel refused or that crashed are left out; twins of one

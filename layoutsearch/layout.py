@@ -1,6 +1,6 @@
 """One candidate parallelization layout, and the names of its knobs.
 
-A knob has one name everywhere (DESIGN.md principle 1): the `Layout` field, the YAML key of
+A knob has one name everywhere: the `Layout` field, the YAML key of
 a search space, the DataFrame column and the measurement-schema column.
 
     layout = Layout(tp=2, pp=4, dp=16, micro_batch_size=1, attention="flash2")

@@ -1,4 +1,4 @@
-"""The measurement schema (MEASUREMENTS.md): read, validate and complete measurement files.
+"""The measurement schema (docs/measurements.md): read, validate and complete measurement files.
 
 One row per measured run or predicted layout. Readers name the row and column of every bad
 value; optional columns get their documented defaults; unknown columns are kept.
@@ -78,7 +78,7 @@ def validate_measurements(frame: pd.DataFrame, source: str = "measurements") -> 
     if missing:
         raise LayoutSearchError(
             f"{source}: missing required column(s) {', '.join(missing)} "
-            "(see the measurement schema, MEASUREMENTS.md)"
+            "(see the measurement schema, docs/measurements.md)"
         )
     out = frame.copy().reset_index(drop=True)
     for column, default in OPTIONAL_DEFAULTS.items():

@@ -1,7 +1,7 @@
 """A search problem: the job, its candidate table with rule verdicts, and how to price rows.
 
 Drivers receive a `SearchProblem` and never see formulas; cost models price rows and never
-see drivers (DESIGN.md). `evaluate` sends only rule-passing rows to the cost model, so an
+see drivers. `evaluate` sends only rule-passing rows to the cost model, so an
 expensive backend never launches a layout that cannot run.
 
     problem = SearchProblem.build(job, space, cost_model, clusters)

@@ -1,7 +1,7 @@
 """Feasibility rules: which candidate layouts cannot run, each with a readable reason.
 
 Most rules are the ones Megatron-LM enforces in `megatron/training/arguments.py`
-(`validate_args`) and at model construction (DOMAIN.md §6); the others are kernel limits
+(`validate_args`) and at model construction; the others are kernel limits
 (Megatron's fused softmax `is_kernel_available`, FlashAttention's head-size limits and
 GPU requirements). Every rule works on a whole candidate table at once; an infeasible row
 stays in the result with its reasons, it is never an exception.

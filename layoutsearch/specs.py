@@ -247,7 +247,7 @@ class Job:
         return self.seq_length * self.global_batch_size
 
     def columns(self) -> dict[str, Any]:
-        """The job as measurement-schema columns (MEASUREMENTS.md), one value each."""
+        """The job as measurement-schema columns (docs/measurements.md), one value each."""
         m = self.model
         return {
             "model": m.name,

@@ -1,4 +1,4 @@
-"""Fidelity metrics (FIDELITY.md) against values computed by hand on a tiny frame."""
+"""Fidelity metrics (docs/fidelity.md) against values computed by hand on a tiny frame."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ def test_reads_a_valid_file_with_types_and_defaults(
     assert len(runs) == 3
     assert list(runs["tp"]) == [2, 2, 4] and runs["tp"].dtype == "int64"
     assert runs["swiglu"].dtype == bool
-    # Optional columns get the defaults of MEASUREMENTS.md.
+    # Optional columns get the defaults of docs/measurements.md.
     assert list(runs["cp"]) == [1, 1, 1] and list(runs["vp"]) == [1, 1, 1]
     assert not runs["distributed_optimizer"].any()
     assert (runs["normalization"] == "RMSNorm").all()

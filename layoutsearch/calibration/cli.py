@@ -1,6 +1,6 @@
 """`layoutsearch-calibrate MEASUREMENTS.csv`: fit, report fidelity, write the fitted config.
 
-Prints fidelity (FIDELITY.md) of the starting constants (by default the a-priori
+Prints fidelity (docs/fidelity.md) of the starting constants (by default the a-priori
 `analytic_prior`) and of the constants fitted on all jobs, then the leave-one-job-out table:
 per held-out job the prior's figures beside those of a fit on the other jobs, with a verdict,
 and the pooled held-out figures. Writes a `cost_models/` file with the fit's provenance.
@@ -52,7 +52,7 @@ def _figures(summary: Mapping[str, float]) -> dict[str, float]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="layoutsearch-calibrate", description=main.__doc__)
-    parser.add_argument("measurements", help="a measurement file (MEASUREMENTS.md schema)")
+    parser.add_argument("measurements", help="a measurement file (docs/measurements.md schema)")
     parser.add_argument("--out", default="cost_models/calibrated.yaml")
     parser.add_argument("--base", default="analytic_prior",
                         help="constants to start from and compare with (name or YAML path)")

@@ -31,7 +31,7 @@ MEMORY_CONSTANTS = ("gradient_bytes", "logits_sharded_by_tp", "activation_memory
                     "logit_bytes", "memory_overhead_gib")
 """What the memory fit sets (memory.py)."""
 FIDELITY_COLUMNS = ("fit_accuracy", "spearman", "regret_points", "mape")
-"""The per-job figures compared before and after (FIDELITY.md)."""
+"""The per-job figures compared before and after (docs/fidelity.md)."""
 
 
 def _usable(rows: pd.DataFrame, clusters: Mapping[str, ClusterSpec]) -> pd.DataFrame:
@@ -80,12 +80,12 @@ def fit_constants(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
 
 def scored(rows: pd.DataFrame, constants: Mapping[str, AnalyticConstants],
            clusters: Mapping[str, ClusterSpec]) -> tuple[pd.DataFrame, dict[str, float]]:
-    """FIDELITY.md's per-job table and summary of the analytic model with `constants`."""
+    """docs/fidelity.md's per-job table and summary of the analytic model with `constants`."""
     return fidelity(predict(rows, cost_model=AnalyticCostModel(constants), clusters=clusters))
 
 
 def job_keys(rows: pd.DataFrame) -> pd.Series:
-    """One key per sweep (FIDELITY.md's group), "|"-joined."""
+    """One key per sweep (docs/fidelity.md's group), "|"-joined."""
     return rows[list(GROUP_COLUMNS)].astype(str).agg("|".join, axis=1)
 
 

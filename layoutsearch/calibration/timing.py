@@ -3,7 +3,7 @@
 The loss of one GPU kind's rows: the squared log error of the step time over `ok` rows
 (MFU error is the same error; every sweep weighs the same), plus, per sweep, a penalty for
 a Spearman ρ below 1 and for the top-1 regret of the pick among rows predicted to
-fit (an `oom` pick scores 0, FIDELITY.md), plus a weak log-normal pull towards the starting
+fit (an `oom` pick scores 0, docs/fidelity.md), plus a weak log-normal pull towards the starting
 constants. Memory constants are fitted before (memory.py) and stay fixed here, so the
 go/no-go calls the regret sees do not move. Constants are searched by Nelder-Mead inside
 their physical and published bounds (bounds.py).

@@ -1,6 +1,6 @@
 """The analytic cost model: time and memory of every candidate from first principles.
 
-It prices a whole candidate table in one vectorized call (DESIGN.md principle 2): memory
+It prices a whole candidate table in one vectorized call: memory
 per GPU by component (`memory.py`), seconds per step by component (`timing.py`), then MFU
 by the study's formula, tokens/s and the go/no-go `fits`. Its constants — efficiencies and
 overheads per GPU kind — come from `cost_models/analytic.yaml` or a calibrated copy.

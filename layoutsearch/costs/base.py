@@ -1,7 +1,7 @@
 """The cost-model interface: price a table of candidate layouts in one call.
 
-A cost model is any object with a `name` and a `score(candidates, clusters)` method
-(DESIGN.md principle 6). `candidates` carries the measurement-schema columns of the job and
+A cost model is any object with a `name` and a `score(candidates, clusters)` method.
+`candidates` carries the measurement-schema columns of the job and
 the layout (see `space.SearchSpace.candidates`); `score` returns a frame on the same index
 with at least PREDICTION_COLUMNS, plus any breakdown columns (`time_*_s`, `memory_*_gib`).
 A cost model may also define `fingerprint() -> str`, what it prices with (constants, a file):

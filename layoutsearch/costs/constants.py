@@ -1,6 +1,6 @@
 """The analytic model's constants: efficiencies and overheads, per GPU kind, as data.
 
-They live in `cost_models/analytic.yaml` (DESIGN.md principle 4), each with a comment that
+They live in `cost_models/analytic.yaml`, each with a comment that
 says where its value comes from; calibration writes new files of the same shape.
 
     constants = load_constants("analytic")["a100_80gb"]

@@ -1,7 +1,7 @@
 """The measured cost model: run each candidate through Megatron-LM and read its log.
 
 Every finished trial is appended at once to a measurement file in the project's schema
-(MEASUREMENTS.md), so a search that is killed resumes where it stopped: a layout already
+(docs/measurements.md), so a search that is killed resumes where it stopped: a layout already
 in the file is never launched again. With a `prescreen` model (the analytic one) only its
 `top_k` best candidates are launched; the others say why they were not measured.
 
@@ -104,7 +104,8 @@ def _result_row(row: Mapping[str, Any], result: LogResult, clusters: Mapping[str
     job = job_of_row(row, clusters)
     ok = result.status == "ok"
     tokens_per_s = job.tokens_per_step / result.step_time_s if ok else float("nan")
-    # The study's MFU (DOMAIN.md §2): tokens/s × (6N + 12·L·h·s) / (GPUs × dense peak).
+    # The study's MFU (Hagemann et al. 2023, after PaLM):
+    # tokens/s × (6N + 12·L·h·s) / (GPUs × dense peak).
     peak = job.num_gpus * job.cluster.gpu.peak_tflops * 1e12
     mfu = tokens_per_s * job.model.paper_flops_per_token(job.seq_length) / peak if ok \
         else float("nan")

@@ -42,7 +42,7 @@ FAILED_REASONS = {
     "error": "measured: the run failed",
     "timeout": "measured: the run timed out",
 }
-"""`cost_reason` of a layout none of whose runs finished, by status (MEASUREMENTS.md)."""
+"""`cost_reason` of a layout none of whose runs finished, by status (docs/measurements.md)."""
 FAILURE_ORDER = ("oom", "unavailable", "error", "timeout")
 """Which failure speaks for a layout whose runs failed in different ways: running out of
 memory is the most telling."""
@@ -60,7 +60,7 @@ def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
 def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per measured layout: its status, mean step time, MFU and memory.
 
-    As the fidelity benchmark does (FIDELITY.md), a layout measured several times counts as
+    As the fidelity benchmark does (docs/fidelity.md), a layout measured several times counts as
     `ok` when at least half of its runs finished; its figures are the mean over those runs.
     """
     keys = _canonical(runs)
@@ -112,7 +112,7 @@ class ReplayCostModel:
         if path in (None, "", "???"):
             raise LayoutSearchError(
                 f"{source}: the replay cost model needs 'path', a measurement file "
-                "(CSV or Parquet, MEASUREMENTS.md); e.g. cost_models.path=runs.csv"
+                "(CSV or Parquet, docs/measurements.md); e.g. cost_models.path=runs.csv"
             )
         return cls.load(str(path))
 

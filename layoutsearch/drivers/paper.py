@@ -1,6 +1,6 @@
 """The study's rules as a driver: the layout Hagemann et al. 2023 would pick, without a search.
 
-Their recommendations (arXiv 2311.05610 §5, DOMAIN.md §1): micro-batch 1; no activation
+Their recommendations (arXiv 2311.05610 §5): micro-batch 1; no activation
 checkpointing; the least model parallelism (tp·pp) that fits, pipeline before tensor;
 sequence parallelism only above ~30B parameters or 2k tokens; FlashAttention 2 with the
 fused RMSNorm kernel; raise the micro-batch only when model parallelism cannot shrink. Only
@@ -26,7 +26,7 @@ from layoutsearch.progress import Progress
 from layoutsearch.specs import Job
 
 SP_MIN_PARAMETERS = 30e9
-"""Sequence parallelism pays off above ~30B parameters (DOMAIN.md §1, finding 4) ..."""
+"""Sequence parallelism pays off above ~30B parameters (Hagemann et al. 2023, finding 4) ..."""
 SP_MIN_SEQ_LENGTH = 2048
 """... or for sequences longer than 2k tokens."""
 ATTENTION_PREFERENCE = ("flash2", "flash3", "flash1", "fused", "torch")

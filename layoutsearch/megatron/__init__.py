@@ -1,6 +1,6 @@
 """Megatron-LM backend: layouts as command lines, launchers, and the log parser.
 
-Only this package knows Megatron-LM's flag names and log formats (DESIGN.md).
+Only this package knows Megatron-LM's flag names and log formats.
 
     from layoutsearch.megatron import build_command, validate_argv, parse_log
     command = build_command(layout, job)

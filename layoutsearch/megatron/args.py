@@ -1,6 +1,6 @@
 """A layout of a job as the exact `pretrain_gpt.py` command line of Megatron-LM, and its env.
 
-This is the only module that knows Megatron-LM's flag names (DESIGN.md). Each flag was
+This is the only module that knows Megatron-LM's flag names. Each flag was
 checked against `megatron/training/arguments.py` of NVIDIA/Megatron-LM (2025-2026 main);
 `validation.py` parses the argv back with those definitions and applies Megatron's rules.
 The result is an argv list, never a shell string; scripts quote it with `shlex`.

@@ -1,6 +1,6 @@
 """Why one layout beats another, in words, from their time and memory breakdowns.
 
-Cost models return breakdown columns (`time_*_s`, `memory_*_gib`, DESIGN.md principle 3);
+Cost models return breakdown columns (`time_*_s`, `memory_*_gib`);
 comparing two rows component by component names what makes the difference.
 
     compare(best, other)  # "tp8 pp1 ... is 4.2 MFU points lower: TP communication takes 18 % ..."

@@ -1,7 +1,7 @@
 """The study's recommendations checked on a result: which the best layout follows, which it
 breaks, and why (from the breakdowns of the layouts the rules would have taken instead).
 
-The rules are those of Hagemann et al. 2023 (DOMAIN.md §1) as `drivers.paper` applies them;
+The rules are those of Hagemann et al. 2023 as `drivers.paper` applies them;
 the rules' own pick is replayed on the rows the result already priced, so no cost model is
 called again.
 
