@@ -24,8 +24,8 @@ from layoutsearch.specs import ClusterSpec, GPUSpec, Job, ModelSpec
 def report(result: DataFrame, out_dir: str | Path | None = None, *, top_k: int = 10) -> Path:
     """Write `report.md` and its figures for a `search` result (see `reporting.report`).
 
-    Imported on first use: the plotting stack costs a quarter of a second that searches and
-    the command line's start-up should not pay.
+    Imported on first use: the plotting stack costs a quarter of a second that a search in
+    Python, or a launched fake Megatron-LM, should not pay.
     """
     from layoutsearch.reporting import report as write_report
 

@@ -28,7 +28,7 @@ from layoutsearch.space import KNOBS, SearchSpace
 from layoutsearch.specs import ClusterSpec, Job, ModelSpec
 
 MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelSpec))
-MEGATRON_ARGS_ROWS = 10_000
+MEGATRON_ARGS_ROWS = 1_000
 """search() writes the Megatron-LM arguments of at most this many fitting rows, the best
 ones (each command takes ~30 µs to build; a million-row search must not build them all)."""
 
@@ -97,7 +97,7 @@ def search(
     `overrides` change model fields (`vocab_size=128000`) or pin knobs (`tp=2`,
     `attention=["flash2"]`). The frame's `attrs["message"]` explains an empty answer.
     `megatron_args` holds the quoted `pretrain_gpt.py` arguments of the best
-    `MEGATRON_ARGS_ROWS` (10,000) fitting rows, and "" for every other row.
+    `MEGATRON_ARGS_ROWS` (1,000) fitting rows, and "" for every other row.
     """
     model_fields, pins = _split_overrides(overrides)
     job = Job(

@@ -156,7 +156,8 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
         Rule(
             "flash3_needs_hopper",
             lambda t: ((t["attention"] == "flash3") & ~t["gpu"].isin(hopper)).to_numpy(),
-            lambda t: "flash3 needs a Hopper GPU (h100_sxm, h200), not " + _text(t["gpu"]),
+            lambda t: f"flash3 needs a Hopper GPU ({', '.join(sorted(hopper)) or 'none known'}), "
+            + "not " + _text(t["gpu"]),
             ('gpu',),
         ),
         Rule(
