@@ -29,9 +29,9 @@ from measured_runs import RUNS_HELP, default_runs
 
 from layoutsearch.catalog import clusters_by_gpu, load_cluster
 from layoutsearch.costs.base import CostModel
-from layoutsearch.costs.replay import JOB_KEY, KEY, ReplayCostModel, summarize_runs
+from layoutsearch.costs.replay import KEY, ReplayCostModel, summarize_runs
 from layoutsearch.drivers.optuna_search import OptunaDriver
-from layoutsearch.measurements import read_measurements
+from layoutsearch.measurements import JOB_KEY, read_measurements
 from layoutsearch.problem import SearchProblem
 from layoutsearch.rules import violations
 from layoutsearch.space import KNOBS, SearchSpace

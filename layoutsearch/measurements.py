@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.layout import ATTENTION_KERNELS, RECOMPUTE_KINDS
+from layoutsearch.layout import ATTENTION_KERNELS, LAYOUT_COLUMNS, RECOMPUTE_KINDS
 
 INTEGER_COLUMNS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -36,6 +36,15 @@ OPTIONAL_DEFAULTS: dict[str, int | bool | str] = {
     "cp": 1, "vp": 1, "distributed_optimizer": False, "normalization": "RMSNorm",
 }
 STATUSES = ("ok", "oom", "unavailable", "error", "timeout")
+JOB_KEY = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+    "vocab_size", "swiglu", "untie_embeddings", "normalization", "seq_length", "gpu",
+    "num_gpus", "gpus_per_node", "global_batch_size",
+)
+"""The columns that make two rows the same job (the free-text `model` name is left out:
+a user's model may be named otherwise)."""
+MEASUREMENT_KEY = (*JOB_KEY, *LAYOUT_COLUMNS)
+"""The columns that make two rows the same measurement: the job and the layout."""
 _TRUE = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 

@@ -25,7 +25,7 @@ import pandas as pd
 from layoutsearch.costs.base import CostModel
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
-from layoutsearch.measurements import REQUIRED_COLUMNS, validate_measurements
+from layoutsearch.measurements import MEASUREMENT_KEY, REQUIRED_COLUMNS, validate_measurements
 from layoutsearch.megatron.args import command_of_row, job_of_row
 from layoutsearch.megatron.launchers import Launcher, Trial, build_launcher
 from layoutsearch.megatron.logs import LogResult, parse_log
@@ -33,12 +33,6 @@ from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.megatron.validation import validate_argv
 from layoutsearch.specs import ClusterSpec
 
-KEY_COLUMNS = (
-    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-    "vocab_size", "seq_length", "swiglu", "untie_embeddings", "gpu", "num_gpus",
-    "global_batch_size", *LAYOUT_COLUMNS,
-)
-"""What makes two runs the same measurement: the job's shape and the layout."""
 FILE_COLUMNS = (
     *REQUIRED_COLUMNS, "cp", "vp", "distributed_optimizer", "peak_memory_gib",
     "tflops_per_gpu", "tokens_per_s", "source", "message", "log_path",
@@ -57,7 +51,7 @@ def _plain(value: Any) -> Any:
 
 def measurement_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     """The identity of a run: job shape and layout, types normalized (CSV or table)."""
-    return tuple(_plain(row[c]) for c in KEY_COLUMNS)
+    return tuple(_plain(row[c]) for c in MEASUREMENT_KEY)
 
 
 def _trial_name(row: Mapping[str, Any]) -> str:

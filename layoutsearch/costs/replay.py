@@ -24,17 +24,10 @@ import numpy as np
 import pandas as pd
 
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.layout import LAYOUT_COLUMNS
-from layoutsearch.measurements import read_measurements
+from layoutsearch.measurements import MEASUREMENT_KEY, read_measurements
 from layoutsearch.specs import ClusterSpec
 
-JOB_KEY = (
-    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-    "vocab_size", "swiglu", "untie_embeddings", "normalization", "seq_length", "gpu",
-    "num_gpus", "gpus_per_node", "global_batch_size",
-)
-"""The columns that make two rows the same job (the `model` name is left out on purpose)."""
-KEY = (*JOB_KEY, *LAYOUT_COLUMNS)
+KEY = MEASUREMENT_KEY
 
 FAILED_REASONS = {
     "oom": "measured: out of memory",
