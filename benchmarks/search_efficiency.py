@@ -30,7 +30,7 @@ from measured_runs import RUNS_HELP, default_runs
 from layoutsearch.catalog import clusters_by_gpu, load_cluster
 from layoutsearch.costs.base import CostModel
 from layoutsearch.costs.replay import KEY, ReplayCostModel, summarize_runs
-from layoutsearch.drivers.optuna_search import OptunaDriver
+from layoutsearch.drivers.optuna import OptunaDriver
 from layoutsearch.measurements import JOB_KEY, read_measurements
 from layoutsearch.problem import SearchProblem
 from layoutsearch.rules import violations

@@ -27,7 +27,7 @@ class Driver(Protocol):
 
 def _optuna_driver(**settings: Any) -> Driver:
     # Imported on use: optuna adds ~0.2 s to `import layoutsearch` for grid-only users.
-    from layoutsearch.drivers.optuna_search import OptunaDriver
+    from layoutsearch.drivers.optuna import OptunaDriver
 
     return OptunaDriver(**settings)
 

@@ -27,7 +27,7 @@ from layoutsearch import search
 from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
 from layoutsearch.costs import PREDICTION_COLUMNS, build_cost_model
 from layoutsearch.drivers import build_driver
-from layoutsearch.drivers.optuna_search import OptunaDriver
+from layoutsearch.drivers.optuna import OptunaDriver
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.problem import SearchProblem
@@ -234,9 +234,9 @@ def test_two_workers_share_a_study_without_pricing_a_layout_twice(
 KILLABLE = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
-    from test_optuna_search import CountingModel, make_problem
+    from test_optuna import CountingModel, make_problem
     from pathlib import Path
-    from layoutsearch.drivers.optuna_search import OptunaDriver
+    from layoutsearch.drivers.optuna import OptunaDriver
     model = CountingModel(Path({log!r}), delay_s=0.05)
     OptunaDriver(n_trials=40, storage={url!r}, progress=False).run(make_problem(model))
 """)

@@ -1,0 +1,248 @@
+"""The optuna driver: Bayesian search (TPE) for layouts under a budget of evaluations.
+
+Each trial samples the space's knobs (ask/tell). A layout that breaks a rule is never sent
+to the cost model: the trial is recorded with the rule's reason and a violated constraint
+(`trial.set_constraint`), which TPE and NSGA-II learn from. A layout already evaluated — by
+this process, another worker or an earlier run of the study — is not evaluated again: the
+trial reuses the stored value. Either way the nearest layout that can still be evaluated
+is queued next (`layout_index.py`), so few-feasible spaces do not stall the search. A cost
+model that raises fails that trial (the error is kept in its user attributes) and the
+search goes on. Studies live in any optuna storage (`sqlite:///...`, a journal file,
+`postgresql://...`): a killed search resumes where it stopped and workers share a study.
+The package `drivers/optuna/` is the only code that imports optuna.
+
+    ranked = search(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
+                    driver={"name": "optuna", "n_trials": 40, "warm_start": "analytic"})
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import optuna
+import pandas as pd
+from optuna.study import StudyDirection
+
+from layoutsearch.costs import build_cost_model
+from layoutsearch.costs.base import cost_model_fingerprint
+from layoutsearch.drivers.layout_index import LayoutIndex
+from layoutsearch.drivers.optuna.storage import fail_dead_workers, open_storage, release
+from layoutsearch.drivers.optuna.worker import UNPRICED, Worker, encode, is_evaluation, plain, work
+from layoutsearch.errors import LayoutSearchError, unknown_name_message
+from layoutsearch.problem import SearchProblem
+from layoutsearch.results import rank
+
+DIRECTIONS = {
+    "mfu": "maximize", "tokens_per_s": "maximize",
+    "step_time_s": "minimize", "peak_memory_gib": "minimize", "num_gpus": "minimize",
+}
+"""The objectives a study may optimize, each with its direction."""
+SAMPLERS = ("tpe", "nsga2", "random")
+FINGERPRINT_ATTR = "layoutsearch"
+"""Study user attribute holding the job, space, objectives and cost model it was made for."""
+
+
+@dataclass(kw_only=True, slots=True)
+class OptunaDriver:
+    """Sample layouts with optuna until `n_trials` evaluations, `timeout` or `target`."""
+
+    name: str = field(default="optuna", init=False)
+    n_trials: int | None = 50
+    """Evaluations (cost-model calls) for the whole study, resumed runs included; rule
+    rejections and duplicates are trials too but cost nothing and do not count."""
+    timeout: float | None = None
+    """Seconds each worker searches (None: no limit)."""
+    target: float | None = None
+    """Stop once a feasible layout reaches this value of the first objective."""
+    objectives: Sequence[str] = ("mfu",)
+    """Columns to optimize, directions from DIRECTIONS; two or more give a Pareto front."""
+    sampler: str = "tpe"
+    seed: int | None = 0
+    """Sampler seed; worker i of `n_workers` uses seed + i."""
+    n_startup_trials: int = 20
+    """Random trials before TPE models the space (rule rejections count: they are trials).
+    20 beat 10 and 5 on benchmarks/search_efficiency.py."""
+    multivariate: bool = True
+    """TPE over the joint distribution of the knobs (they interact: tp·pp·dp = GPUs)."""
+    storage: str | None = None
+    """optuna storage URL or journal file; None keeps the study in memory."""
+    study_name: str | None = None
+    """Defaults to a name derived from the job, space, objectives and cost model, so
+    rerunning the same command against the same storage resumes the study."""
+    n_workers: int = 1
+    """Local worker processes sharing the study (needs a storage)."""
+    warm_start: str | None = None
+    """A cost model (e.g. `analytic`) whose top-ranked feasible layouts are tried first."""
+    warm_start_top_k: int = 5
+    progress: bool | None = None
+    """Show a progress line on stderr (None: on a terminal or LAYOUTSEARCH_PROGRESS=1)."""
+    directions: tuple[str, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        objectives = [self.objectives] if isinstance(self.objectives, str) else self.objectives
+        self.objectives = tuple(str(o) for o in objectives)
+        if not self.objectives:
+            raise LayoutSearchError("driver.objectives: needs at least one objective")
+        for objective in self.objectives:
+            if objective not in DIRECTIONS:
+                raise LayoutSearchError(unknown_name_message("objective", objective, DIRECTIONS))
+        if self.sampler not in SAMPLERS:
+            raise LayoutSearchError(unknown_name_message("sampler", self.sampler, SAMPLERS))
+        for name in ("timeout", "target"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or (name == "timeout" and value <= 0)):
+                rule = "a positive number of seconds" if name == "timeout" else "a number"
+                raise LayoutSearchError(f"driver.{name}={value!r}: must be {rule}")
+        for name in ("n_trials", "n_workers", "warm_start_top_k"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise LayoutSearchError(f"driver.{name}={value!r}: must be a positive integer")
+        if self.n_workers > 1 and not self.storage:
+            raise LayoutSearchError(
+                f"driver.n_workers={self.n_workers}: workers share a study through a storage; "
+                "set driver.storage=sqlite:///study.db or a journal file (study.log)"
+            )
+        self.directions = tuple(DIRECTIONS[o] for o in self.objectives)
+
+    def fingerprint(self, problem: SearchProblem) -> dict[str, Any]:
+        """What a study was made for; a study made for another search is refused."""
+        made_for = {
+            "job": problem.job.columns(),
+            "space": {k: list(v) for k, v in problem.space.axes().items()},
+            "objectives": list(self.objectives),
+            "cost_model": cost_model_fingerprint(problem.cost_model),
+        }
+        return dict(json.loads(json.dumps(made_for, default=plain)))
+
+    def open_study(self, problem: SearchProblem, worker: int = 0) -> optuna.Study:
+        """Create the study, or load it and check that it was made for this search."""
+        fingerprint = self.fingerprint(problem)
+        digest = hashlib.sha1(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
+        name = self.study_name or f"layoutsearch-{digest[:12]}"
+        storage = open_storage(self.storage)
+        try:
+            study = optuna.create_study(
+                storage=storage, study_name=name, sampler=self._sampler(worker),
+                directions=[StudyDirection[d.upper()] for d in self.directions],
+                load_if_exists=True,
+            )
+        except Exception as error:
+            raise LayoutSearchError(
+                f"driver.storage={self.storage!r}: cannot open study {name!r} "
+                f"({type(error).__name__}: {error})"
+            ) from None
+        stored = study.user_attrs.get(FINGERPRINT_ATTR)
+        if stored is None:
+            study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
+        elif stored != fingerprint:
+            raise LayoutSearchError(
+                f"study {name!r} in {self.storage!r} was made for another search: "
+                + "; ".join(_differences(stored, fingerprint))
+                + "; use another driver.study_name or driver.storage"
+            )
+        return study
+
+    def _sampler(self, worker: int) -> optuna.samplers.BaseSampler:
+        seed = None if self.seed is None else self.seed + worker
+        if self.sampler == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        if self.sampler == "nsga2":
+            return optuna.samplers.NSGAIISampler(seed=seed)
+        return optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=self.n_startup_trials, multivariate=self.multivariate,
+            constant_liar=True,  # other workers' running trials repel new samples
+        )
+
+    def run(self, problem: SearchProblem) -> pd.DataFrame:
+        verbosity = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress line replaces it
+        try:
+            index = LayoutIndex.of(problem)
+            study = self.open_study(problem)
+            fail_dead_workers(study)
+            self._warm_start(study, problem, index)
+            if self.n_workers == 1:
+                Worker(self, problem, index, study, 0).run()
+            else:
+                release(study)
+                self._run_workers(problem)
+            return self.results(study, problem, index)
+        finally:
+            optuna.logging.set_verbosity(verbosity)
+
+    def _warm_start(self, study: optuna.Study, problem: SearchProblem,
+                    index: LayoutIndex) -> None:
+        """Queue the best feasible layouts by the `warm_start` cost model (once per study)."""
+        if not self.warm_start:
+            return
+        guess = SearchProblem(problem.job, problem.space, problem.candidates,
+                              build_cost_model(self.warm_start), problem.clusters)
+        ranked = rank(guess.evaluate(guess.feasible_candidates()))
+        for _, row in ranked.head(self.warm_start_top_k).iterrows():
+            params = {k: plain(row[k]) for k in index.params}
+            study.enqueue_trial(encode(index, params), skip_if_exists=True, user_attrs={
+                "warm_start": self.warm_start, "layout": index.label(params)})
+
+    def _run_workers(self, problem: SearchProblem) -> None:
+        # fork shares the problem with the workers without pickling it; spawn elsewhere.
+        context = (multiprocessing.get_context("fork")
+                   if "fork" in multiprocessing.get_all_start_methods()
+                   else multiprocessing.get_context("spawn"))
+        errors = context.SimpleQueue()
+        workers = [context.Process(target=work, args=(self, problem, i, errors))
+                   for i in range(self.n_workers)]
+        for process in workers:
+            process.start()
+        for process in workers:
+            process.join()
+        if any(p.exitcode != 0 for p in workers):
+            messages = []
+            while not errors.empty():
+                messages.append(errors.get())
+            raise LayoutSearchError(
+                f"optuna workers failed (exit codes {[p.exitcode for p in workers]}): "
+                + "; ".join(messages)
+            )
+
+    def results(self, study: optuna.Study, problem: SearchProblem,
+                index: LayoutIndex) -> pd.DataFrame:
+        """One row per evaluated layout: the candidate, its costs, the trial that priced it."""
+        evaluated = [t for t in study.get_trials(deepcopy=False) if is_evaluation(t)]
+        rows = problem.candidates.iloc[[index.rows[t.user_attrs["layout"]] for t in evaluated]]
+        records = [{**UNPRICED, **(t.user_attrs.get("costs")
+                                   or {"reason": t.user_attrs.get("error", "")})}
+                   for t in evaluated]
+        costs = pd.DataFrame(records, index=rows.index, columns=list(UNPRICED) if not records
+                             else None)
+        for column in ("mfu", "step_time_s", "tokens_per_s", "peak_memory_gib"):
+            costs[column] = pd.to_numeric(costs[column], errors="coerce")
+        costs["fits"] = costs["fits"].fillna(False).astype(bool)
+        costs["reason"] = costs["reason"].fillna("").astype(str)
+        out = rows.drop(columns="rule_reason").join(costs)
+        out["trial"] = np.array([t.number for t in evaluated], dtype=np.int64)
+        if len(self.objectives) > 1:
+            out["pareto"] = out["trial"].isin({t.number for t in study.best_trials})
+        out = out.reset_index(drop=True)
+        out.attrs["study_name"] = study.study_name
+        out.attrs["trials"] = len(study.get_trials(deepcopy=False))
+        return out
+
+
+def _differences(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    out = []
+    for part, new in wanted.items():
+        old = stored.get(part)
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            out += [f"{part} {key}: study {old.get(key)!r}, this search {new.get(key)!r}"
+                    for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+        elif old != new:
+            out.append(f"{part}: study {old!r}, this search {new!r}")
+    return out

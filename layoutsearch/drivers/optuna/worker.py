@@ -1,0 +1,177 @@
+"""One optuna worker: asks for trials and answers each by rejecting, reusing or pricing it.
+
+A layout that breaks a rule is never sent to the cost model (a violated constraint); one
+already priced reuses the stored value; after either, the nearest open layout is queued.
+Integer knobs are trial parameters as positions in their ordered values, so TPE sees that
+tp 4 lies between 2 and 8.
+
+    Worker(driver, problem, LayoutIndex.of(problem), study, number=0).run()
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import optuna
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from layoutsearch.drivers.layout_index import LayoutIndex
+from layoutsearch.problem import SearchProblem
+from layoutsearch.progress import Progress
+from layoutsearch.space import INTEGER_KNOBS
+
+if TYPE_CHECKING:
+    from layoutsearch.drivers.optuna.driver import OptunaDriver
+
+Outcome = tuple[TrialState, tuple[float, ...] | None]
+UNPRICED: dict[str, Any] = {
+    "mfu": None, "step_time_s": None, "tokens_per_s": None, "peak_memory_gib": None,
+    "fits": False, "reason": "",
+}
+"""Cost columns of an evaluation that returned nothing (the cost model raised)."""
+
+
+def plain(value: Any) -> Any:
+    """A JSON-storable Python value (optuna keeps user attributes as JSON)."""
+    value = value.item() if isinstance(value, np.generic) else value
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def is_evaluation(trial: FrozenTrial) -> bool:
+    """A finished call of the cost model (the trials a budget counts)."""
+    if "duplicate_of" in trial.user_attrs or not trial.user_attrs.get("evaluated"):
+        return False
+    return trial.state == TrialState.COMPLETE or "error" in trial.user_attrs
+
+
+def feasible(trial: FrozenTrial) -> bool:
+    return trial.state == TrialState.COMPLETE and all(
+        v <= 0 for v in trial.constraints.values())
+
+
+def work(driver: OptunaDriver, problem: SearchProblem, number: int, errors: Any) -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = driver.open_study(problem, worker=number)
+        Worker(driver, problem, LayoutIndex.of(problem), study, number).run()
+    except BaseException as error:
+        errors.put(f"worker {number}: {type(error).__name__}: {error}")
+        raise SystemExit(1) from None
+
+
+class Worker:
+    """Asks for trials and answers each: reject, reuse or evaluate its layout."""
+
+    def __init__(self, driver: OptunaDriver, problem: SearchProblem, index: LayoutIndex,
+                 study: optuna.Study, number: int) -> None:
+        self.driver, self.problem, self.index, self.study = driver, problem, index, study
+        self.worker = f"{socket.gethostname()}:{os.getpid()}"
+        self.worst = tuple(0.0 if d == "maximize" else math.inf for d in driver.directions)
+        self.rng = np.random.default_rng(None if driver.seed is None else driver.seed + number)
+        label = "optuna" if driver.n_workers == 1 else f"optuna worker {number}"
+        self.progress = Progress(total=driver.n_trials, label=label, enabled=driver.progress)
+
+    def run(self) -> None:
+        deadline = time.monotonic() + (self.driver.timeout or math.inf)
+        with self.progress:
+            while not self.done() and time.monotonic() < deadline:
+                trial = self.study.ask()
+                trial.set_user_attr("worker", self.worker)
+                state, values = self.answer(trial)
+                self.study.tell(trial, values, state=state)
+
+    def done(self) -> bool:
+        trials = self.study.get_trials(deepcopy=False)
+        evaluations = [t for t in trials if is_evaluation(t)]
+        budget = self.driver.n_trials
+        if budget is not None and len(evaluations) >= budget:
+            return True
+        if len(evaluations) >= len(self.index.open):
+            return True  # every layout that passes the rules has been priced
+        target = self.driver.target
+        if target is None:
+            return False
+        sign = 1.0 if self.driver.directions[0] == "maximize" else -1.0
+        return any(feasible(t) and sign * (t.values[0] - target) >= 0 for t in evaluations)
+
+    def answer(self, trial: Trial) -> Outcome:
+        params = {
+            k: (v[trial.suggest_int(k, 0, len(v) - 1)] if k in INTEGER_KNOBS
+                else trial.suggest_categorical(k, v))
+            for k, v in self.index.params.items()
+        }
+        label = self.index.label(params)
+        trial.set_user_attr("layout", label)
+        position = self.index.rows.get(label)
+        reason = ("not a candidate of this search" if position is None
+                  else str(self.problem.candidates["rule_reason"].iat[position]))
+        trials = self.study.get_trials(deepcopy=False)
+        if reason:
+            trial.set_user_attr("reason", reason)
+            trial.set_constraint("rules", 1.0)
+            self.queue_nearest(params, trials)
+            return TrialState.COMPLETE, self.worst
+        for other in trials:
+            if other.number == trial.number or other.user_attrs.get("layout") != label:
+                continue
+            if other.state == TrialState.RUNNING:
+                # Another worker is pricing it; if both back off, neither evaluates twice.
+                trial.set_user_attr("reason", f"being evaluated in trial {other.number}")
+                self.queue_nearest(params, trials)
+                return TrialState.PRUNED, None
+            if is_evaluation(other):
+                self.queue_nearest(params, trials)
+                return self.reuse(trial, other)
+        assert position is not None
+        return self.evaluate(trial, position)
+
+    def queue_nearest(self, params: Mapping[str, Any], trials: list[FrozenTrial]) -> None:
+        """Queue the closest layout nobody has priced, is pricing or has queued."""
+        taken = {self.index.rows[t.user_attrs["layout"]] for t in trials
+                 if t.user_attrs.get("layout") in self.index.rows
+                 and (is_evaluation(t) or t.state in (TrialState.RUNNING, TrialState.WAITING))}
+        nearest = self.index.nearest(params, taken, self.rng)
+        if nearest is not None:
+            near = self.index.params_of(nearest)
+            self.study.enqueue_trial(encode(self.index, near), skip_if_exists=True,
+                                     user_attrs={"layout": self.index.labels[nearest]})
+
+    def reuse(self, trial: Trial, other: FrozenTrial) -> Outcome:
+        trial.set_user_attr("duplicate_of", other.number)
+        trial.set_user_attr("reason", other.user_attrs.get("reason", ""))
+        if other.state != TrialState.COMPLETE:  # the cost model failed on this layout
+            trial.set_constraint("fits", 1.0)
+            return TrialState.COMPLETE, self.worst
+        for key, value in other.constraints.items():
+            trial.set_constraint(key, value)
+        return TrialState.COMPLETE, tuple(other.values)
+
+    def evaluate(self, trial: Trial, position: int) -> Outcome:
+        trial.set_user_attr("evaluated", True)
+        try:
+            scored = self.problem.evaluate(self.problem.candidates.iloc[[position]])
+        except Exception as error:
+            message = f"cost model error: {type(error).__name__}: {error}"
+            trial.set_user_attr("error", message)
+            trial.set_user_attr("reason", message)
+            return TrialState.FAIL, None
+        self.progress.update(scored)
+        row = scored.iloc[0]
+        trial.set_user_attr("costs", {c: plain(row[c]) for c in scored.columns
+                                      if c not in self.problem.candidates.columns})
+        trial.set_user_attr("reason", str(row["reason"]))
+        values = tuple(float(row[o]) for o in self.driver.objectives)
+        feasible = bool(row["fits"]) and all(math.isfinite(v) for v in values)
+        trial.set_constraint("fits", 0.0 if feasible else 1.0)
+        return TrialState.COMPLETE, values if feasible else self.worst
+
+
+def encode(index: LayoutIndex, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Trial parameters of a layout: integer knobs as positions in their ordered values."""
+    return {k: index.params[k].index(v) if k in INTEGER_KNOBS else v for k, v in params.items()}
