@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -50,8 +51,11 @@ class MemoryFit:
 
 def _tile(shapes: Shapes, times: int) -> Shapes:
     """The same rows `times` over: one block row per grid point."""
-    return Shapes(**{f.name: np.tile(getattr(shapes, f.name), times)
-                     for f in dataclasses.fields(Shapes)})
+    # Per-row arrays repeat along their last (row) axis; the list of GPU kinds stays.
+    fields = {f.name: getattr(shapes, f.name) for f in dataclasses.fields(Shapes)}
+    tiled: dict[str, Any] = {name: np.tile(value, times) for name, value in fields.items()
+             if isinstance(value, np.ndarray)}
+    return dataclasses.replace(shapes, **tiled)
 
 
 def _slack_gib(shapes: Shapes, start: AnalyticConstants,

@@ -22,7 +22,7 @@ import pandas as pd
 
 from layoutsearch.costs.constants import AnalyticConstants, load_constants, parse_constants
 from layoutsearch.costs.memory import GIB, memory_breakdown
-from layoutsearch.costs.shapes import Array, Shapes, gpu_codes
+from layoutsearch.costs.shapes import Array, Shapes
 from layoutsearch.costs.timing import time_breakdown
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.specs import ClusterSpec
@@ -58,15 +58,14 @@ class AnalyticCostModel:
         constants = {gpu: c.to_dict() for gpu, c in sorted(self.constants.items())}
         return hashlib.sha1(json.dumps(constants, sort_keys=True).encode()).hexdigest()[:16]
 
-    def _per_row(self, table: pd.DataFrame) -> dict[str, Array]:
-        codes, kinds = gpu_codes(table)
+    def _per_row(self, shapes: Shapes) -> dict[str, Array]:
+        codes, kinds = shapes.gpu_codes, shapes.gpu_kinds
         missing = set(kinds) - set(self.constants)
         if missing:
             raise LayoutSearchError(
                 f"cost model {self.source or self.name!r} has no constants for GPU kind(s) "
                 f"{', '.join(sorted(missing))}; it covers {', '.join(sorted(self.constants))}"
             )
-        codes, kinds = gpu_codes(table)
         out: dict[str, Array] = {}
         for field in AnalyticConstants.__dataclass_fields__:
             lookup = np.array([getattr(self.constants[g], field) for g in kinds])
@@ -77,7 +76,7 @@ class AnalyticCostModel:
         self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec]
     ) -> pd.DataFrame:
         shapes = Shapes.of(candidates, clusters)
-        constants = self._per_row(candidates)
+        constants = self._per_row(shapes)
         times = time_breakdown(shapes, constants)
         memory = memory_breakdown(shapes, constants)
         step = np.sum(list(times.values()), axis=0)

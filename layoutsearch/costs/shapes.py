@@ -102,6 +102,10 @@ class Shapes:
     vocabulary matrices of the end stages, split over tp)."""
     params_per_gpu: Array
     """Parameters on one GPU of the stage that holds the most."""
+    gpu_codes: Array
+    """Per row, an index into `gpu_kinds`."""
+    gpu_kinds: list[str]
+    """The GPU kinds of the table (one lookup per kind, not per row)."""
 
     @classmethod
     def of(cls, table: pd.DataFrame, clusters: Mapping[str, ClusterSpec]) -> Shapes:
@@ -177,6 +181,8 @@ class Shapes:
             stage_in_flight=stage_in_flight,
             stage_params=stage_params,
             params_per_gpu=stage_params.max(axis=0),
+            gpu_codes=codes,
+            gpu_kinds=kinds,
         )
 
     def per_attention(self, values: Mapping[str, float]) -> Array:
