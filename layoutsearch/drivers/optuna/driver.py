@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import optuna
 import pandas as pd
+from optuna.storages import BaseStorage
 from optuna.study import StudyDirection
 
 from layoutsearch.costs import build_cost_model
@@ -122,12 +123,12 @@ class OptunaDriver:
         }
         return dict(json.loads(json.dumps(made_for, default=plain)))
 
-    def open_study(self, problem: SearchProblem, worker: int = 0) -> optuna.Study:
-        """Create the study, or load it and check that it was made for this search."""
+    def open_study(self, problem: SearchProblem, storage: BaseStorage,
+                   worker: int = 0) -> optuna.Study:
+        """Create the study in `storage`, or load it and check it was made for this search."""
         fingerprint = self.fingerprint(problem)
         digest = hashlib.sha1(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
         name = self.study_name or f"layoutsearch-{digest[:12]}"
-        storage = open_storage(self.storage)
         try:
             study = optuna.create_study(
                 storage=storage, study_name=name, sampler=self._sampler(worker),
@@ -166,13 +167,14 @@ class OptunaDriver:
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress line replaces it
         try:
             index = LayoutIndex.of(problem)
-            study = self.open_study(problem)
-            fail_dead_workers(study)
+            storage = open_storage(self.storage)
+            study = self.open_study(problem, storage)
+            fail_dead_workers(study, storage)
             self._warm_start(study, problem, index)
             if self.n_workers == 1:
                 Worker(self, problem, index, study, 0).run()
             else:
-                release(study)
+                release(storage)
                 self._run_workers(problem)
             return self.results(study, problem, index)
         finally:

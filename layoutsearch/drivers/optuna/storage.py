@@ -94,24 +94,25 @@ def alive(worker: str) -> bool:
     return True
 
 
-def release(study: optuna.Study) -> None:
+def release(storage: BaseStorage) -> None:
     """Close the parent's database connections before forking workers that open their own."""
-    engine = getattr(getattr(study._storage, "_backend", study._storage), "engine", None)
-    if engine is not None:
-        engine.dispose()
+    if isinstance(storage, RDBStorage):
+        storage.engine.dispose()
 
 
-def fail_dead_workers(study: optuna.Study) -> None:
+def fail_dead_workers(study: optuna.Study, storage: BaseStorage) -> None:
     """Fail running trials left by a killed worker of this host, so their layouts reopen.
 
     A trial is claimed (its `worker` attribute set) right after it is created; one still
     unclaimed after UNCLAIMED_S lost its worker in between, wherever it ran.
     """
     now = datetime.datetime.now()
+    study_id = storage.get_study_id_from_name(study.study_name)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = trial.user_attrs.get("worker")
         started = trial.datetime_start or now
         if (not alive(worker) if worker
                 else (now - started).total_seconds() > UNCLAIMED_S):
-            study._storage.set_trial_user_attr(trial._trial_id, "reason", "worker died")
-            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+            storage.set_trial_user_attr(trial_id, "reason", "worker died")
+            storage.set_trial_state_values(trial_id, TrialState.FAIL)

@@ -22,6 +22,7 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from layoutsearch.drivers.layout_index import LayoutIndex
+from layoutsearch.drivers.optuna.storage import open_storage
 from layoutsearch.problem import SearchProblem
 from layoutsearch.progress import Progress
 from layoutsearch.space import INTEGER_KNOBS
@@ -58,7 +59,7 @@ def feasible(trial: FrozenTrial) -> bool:
 def work(driver: OptunaDriver, problem: SearchProblem, number: int, errors: Any) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        study = driver.open_study(problem, worker=number)
+        study = driver.open_study(problem, open_storage(driver.storage), worker=number)
         Worker(driver, problem, LayoutIndex.of(problem), study, number).run()
     except BaseException as error:
         errors.put(f"worker {number}: {type(error).__name__}: {error}")
