@@ -23,6 +23,7 @@ from layoutsearch.calibration import (
     nelder_mead,
 )
 from layoutsearch.calibration.memory import best_overhead
+from layoutsearch.calibration.timing import PRIOR_SPREAD
 from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
 from layoutsearch.costs import build_cost_model
 from layoutsearch.costs.analytic import AnalyticCostModel
@@ -125,8 +126,9 @@ def test_leave_one_job_out_beats_a_wrong_prior_on_each_held_out_job():
                                    max_evals=40, fit_memory_constants=False)
     assert list(table["model"]) == ["llama_7b", "llama_13b"]
     assert (table["verdict"] == "at least as good").all()
-    assert (table["mape_cv"] < 0.01).all() and (table["mape_prior"] > 0.1).all()
-    assert pooled["mape"] < 0.01
+    # The pull towards the prior (19 % off, where its spread is 15 %) costs about 1 point.
+    assert (table["mape_cv"] < 0.02).all() and (table["mape_prior"] > 0.1).all()
+    assert pooled["mape"] < 0.02
 
 
 def test_cli_writes_a_loadable_config_with_provenance(tmp_path, capsys):
@@ -155,3 +157,8 @@ def test_unknown_constant_is_named():
     runs = synthetic_runs(PRIOR["a100_80gb"])
     with pytest.raises(LayoutSearchError, match="gemm_eff"):
         fit_constants(runs, PRIOR, ["gemm_eff"], max_evals=5)
+
+
+def test_prior_spreads_name_continuous_constants():
+    assert set(PRIOR_SPREAD) <= set(bounds_for("a100_80gb"))
+    assert all(spread > 0 for spread in PRIOR_SPREAD.values())
