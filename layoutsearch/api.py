@@ -141,8 +141,8 @@ def predict(
         frame = read_table(frame)
     else:
         source = "frame"
-    rows = validate_measurements(frame, source=source)
     clusters = dict(clusters or clusters_by_gpu())
+    rows = validate_measurements(frame, source=source, gpus=clusters)
     rule_reason = violations(rows, clusters)
     scored = build_cost_model(cost_model).score(rows, clusters)
     out = frame.copy()  # the caller's index and columns stay as they were

@@ -9,13 +9,15 @@ value; optional columns get their documented defaults; unknown columns are kept.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from layoutsearch.errors import LayoutSearchError
+from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.layout import ATTENTION_KERNELS, LAYOUT_COLUMNS, RECOMPUTE_KINDS
+from layoutsearch.specs import NORMALIZATIONS
 
 INTEGER_COLUMNS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -81,8 +83,12 @@ def _as_int(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
     return numbers.astype(np.int64)
 
 
-def validate_measurements(frame: pd.DataFrame, source: str = "measurements") -> pd.DataFrame:
-    """A checked, typed copy of a measurement-schema frame with optional columns filled."""
+def validate_measurements(frame: pd.DataFrame, source: str = "measurements",
+                          gpus: Collection[str] | None = None) -> pd.DataFrame:
+    """A checked, typed copy of a measurement-schema frame with optional columns filled.
+
+    `gpus`, when given, are the GPU kinds a row may name (those a cost model can price).
+    """
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         raise LayoutSearchError(
@@ -97,11 +103,20 @@ def validate_measurements(frame: pd.DataFrame, source: str = "measurements") -> 
         out[column] = _as_int(out, column, source)
     for column in (*BOOLEAN_COLUMNS, "distributed_optimizer"):
         out[column] = as_bool(out, column, source)
-    for column in TEXT_COLUMNS:
+    for column in (*TEXT_COLUMNS, "normalization"):
+        blank = out[column].isna()
+        if blank.any():
+            raise _fail(source, _first(blank), column, "is empty")
         out[column] = out[column].astype(str).str.strip()
     for column in FLOAT_COLUMNS:
         out[column] = pd.to_numeric(out[column], errors="coerce")
     _check_values(out, source)
+    if gpus is not None:
+        unknown = ~out["gpu"].isin(list(gpus))
+        if unknown.any():
+            i = _first(unknown)
+            name = str(out["gpu"].iloc[i])
+            raise _fail(source, i, "gpu", unknown_name_message("gpu", name, sorted(gpus)))
     return out
 
 
@@ -116,6 +131,12 @@ def _check_values(t: pd.DataFrame, source: str) -> None:
         ("recompute", ~t["recompute"].isin(RECOMPUTE_KINDS),
          f"must be one of {', '.join(RECOMPUTE_KINDS)}"),
         ("status", ~t["status"].isin(STATUSES), f"must be one of {', '.join(STATUSES)}"),
+        ("normalization", ~t["normalization"].isin(NORMALIZATIONS),
+         f"must be one of {', '.join(NORMALIZATIONS)}"),
+        # Whole nodes, as a job (specs.Job); a run on part of one node is fine.
+        ("num_gpus",
+         (t["num_gpus"] > t["gpus_per_node"]) & (t["num_gpus"] % t["gpus_per_node"] != 0),
+         "must be a whole number of nodes of gpus_per_node ({gpus_per_node}) GPUs"),
         ("step_time_s", (t["status"] == "ok") & ~(t["step_time_s"] > 0),
          "must be a positive number of seconds for a run with status ok"),
         ("mfu", (t["status"] == "ok") & ~((t["mfu"] > 0) & (t["mfu"] <= 1)),
@@ -149,9 +170,15 @@ def read_table(path: str | Path) -> pd.DataFrame:
         raise LayoutSearchError(f"measurement file {str(path)!r} does not exist")
     if path.suffix.lower() in (".parquet", ".pq"):
         return pd.read_parquet(path)
-    return pd.read_csv(path)
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise LayoutSearchError(
+            f"measurement file {str(path)!r} is empty: it needs a header line with the "
+            "columns of docs/measurements.md"
+        ) from None
 
 
-def read_measurements(path: str | Path) -> pd.DataFrame:
+def read_measurements(path: str | Path, gpus: Collection[str] | None = None) -> pd.DataFrame:
     """Read and validate a measurement file (CSV, or Parquet by its suffix)."""
-    return validate_measurements(read_table(path), source=str(path))
+    return validate_measurements(read_table(path), source=str(path), gpus=gpus)

@@ -17,9 +17,34 @@ import numpy as np
 import pandas as pd
 
 from layoutsearch.costs.base import PREDICTION_COLUMNS, CostModel
+from layoutsearch.errors import LayoutSearchError
 from layoutsearch.rules import violations
 from layoutsearch.space import SearchSpace
 from layoutsearch.specs import ClusterSpec, Job
+
+
+def require_a_dividing_batch(job: Job, candidates: pd.DataFrame) -> None:
+    """Reject a global batch that no layout of the space can split into micro-batches.
+
+    Megatron-LM needs global_batch_size to be a multiple of micro_batch_size·dp; when no
+    candidate allows that, the job itself is wrong, not some layouts, and the error names
+    the nearest batches that work.
+    """
+    whole = candidates["dp"] > 0
+    per_step = np.unique((candidates["micro_batch_size"] * candidates["dp"])[whole])
+    batch = job.global_batch_size
+    if len(per_step) == 0 or (batch % per_step == 0).any():
+        return
+    below = (batch // per_step) * per_step
+    above = below + per_step
+    nearest = sorted({int(below[below > 0].max())} if (below > 0).any() else set())
+    nearest.append(int(above.min()))
+    raise LayoutSearchError(
+        f"global_batch_size={batch}: no layout of the space divides it into micro-batches "
+        f"(it must be a multiple of micro_batch_size·dp, and micro_batch_size·dp is at least "
+        f"{int(per_step.min())} here); use {' or '.join(map(str, nearest))}, or allow "
+        "larger tp·pp so dp can be smaller"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +60,7 @@ class SearchProblem:
     def build(cls, job: Job, space: SearchSpace, cost_model: CostModel,
               clusters: Mapping[str, ClusterSpec]) -> SearchProblem:
         candidates = space.candidates(job)
+        require_a_dividing_batch(job, candidates)
         candidates["rule_reason"] = violations(candidates, clusters)
         return cls(job, space, candidates, cost_model, clusters)
 

@@ -15,6 +15,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
+
 from layoutsearch.errors import LayoutSearchError
 
 NORMALIZATIONS = ("RMSNorm", "LayerNorm")
@@ -27,6 +29,12 @@ def _require_positive_int(owner: str, name: str, value: Any) -> None:
         raise LayoutSearchError(
             f"{owner}.{name}={value!r}: must be a positive integer"
         )
+
+
+def _require_bool(owner: str, name: str, value: Any) -> None:
+    # A string such as "no" is truthy: take only real booleans (numpy's too).
+    if not isinstance(value, bool | np.bool_):
+        raise LayoutSearchError(f"{owner}.{name}={value!r}: must be true or false")
 
 
 def _require_positive_number(owner: str, name: str, value: Any) -> None:
@@ -85,6 +93,8 @@ class ModelSpec:
             _require_positive_int(owner, name, getattr(self, name))
         if self.num_query_groups is not None:
             _require_positive_int(owner, "num_query_groups", self.num_query_groups)
+        for name in ("swiglu", "untie_embeddings", "add_bias_linear"):
+            _require_bool(owner, name, getattr(self, name))
         if self.hidden_size % self.num_attention_heads:
             raise LayoutSearchError(
                 f"{owner}: hidden_size ({self.hidden_size}) must divide by "

@@ -97,14 +97,19 @@ def test_nothing_fits_warns_with_a_suggestion() -> None:
 
 
 def test_a_global_batch_no_layout_can_divide() -> None:
-    # 256 GPUs: tp·pp is at most 8·16 = 128, so dp >= 2 and 3 sequences never split evenly.
-    with pytest.warns(NoLayoutFitsWarning, match=r"no layout passes the rules") as record:
-        result = search(**{**JOB, "num_gpus": 256, "global_batch_size": 3})
-    assert not result["fits"].any()
-    assert result["reason"].str.contains(r"global_batch_size \(3\) must divide").all()
-    message = str(record[0].message)
-    assert "global_batch_size (3) must divide by micro_batch_size·dp" in message
-    assert f"rejects {len(result)} of {len(result)} layouts" in message
+    # 256 GPUs: tp·pp is at most 8·16 = 128, so dp >= 2 and 3 sequences never split evenly;
+    # the nearest batches that do are 2 (dp 2, mb 1) and 4.
+    raises_user_error(r"global_batch_size=3: no layout of the space divides it .* "
+                      r"micro_batch_size·dp is at least 2 here\); use 2 or 4",
+                      **{**JOB, "num_gpus": 256, "global_batch_size": 3})
+
+
+def test_a_batch_that_some_layouts_divide_only_rejects_the_others() -> None:
+    # 6 sequences on 64 GPUs: only dp ∈ {1, 2} (tp·pp ≥ 32) with mb 1, 2 or 3 split them.
+    result = search(**{**JOB, "global_batch_size": 6})
+    rejected = result["reason"].str.contains(r"global_batch_size \(6\) must divide")
+    assert rejected.any() and not rejected.all()
+    assert (result.loc[~rejected, "dp"] <= 2).all()
 
 
 def test_a_feasible_search_does_not_warn() -> None:
@@ -128,7 +133,8 @@ def test_unknown_names_list_valid_ones(argument: str, value: str, closest: str) 
 
 @pytest.mark.parametrize(
     ("argument", "value"),
-    [("model", 13), ("model", None), ("cluster", 8), ("search_space", ["tp"])],
+    [("model", 13), ("model", None), ("cluster", 8), ("search_space", ["tp"]),
+     ("cost_model", 5)],
 )
 def test_arguments_of_the_wrong_type(argument: str, value: object) -> None:
     raises_user_error(re.escape(f"{argument}={value!r}: must be a"), **{argument: value})

@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from layoutsearch.api import predict
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.measurements import read_measurements, validate_measurements
 
@@ -83,6 +84,9 @@ def test_missing_file() -> None:
         ("dp", 8, r"tp·pp·cp·dp = 4·1·1·8 = 32 does not equal num_gpus=64"),
         ("hidden_size", 5121, r"5121 must divide by num_attention_heads \(40\)"),
         ("num_query_groups", 3, r"3 does not divide num_attention_heads \(40\)"),
+        ("normalization", "foo", r"'foo' must be one of RMSNorm, LayerNorm"),
+        ("gpu", None, r"is empty"),
+        ("num_gpus", 60, r"60 must be a whole number of nodes of gpus_per_node \(8\) GPUs"),
     ],
 )
 def test_bad_values_name_row_and_column(
@@ -94,6 +98,27 @@ def test_bad_values_name_row_and_column(
     with pytest.raises(LayoutSearchError, match=rf"row 4, column '{column}': {message}") as error:
         read_measurements(path)
     assert str(path) in str(error.value)
+
+
+def test_gpu_kinds_a_cost_model_cannot_price_are_named(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    rows = three_rows(measurement_row)
+    rows[1]["gpu"] = "a100_80g"
+    path = write(tmp_path, rows)
+    read_measurements(path)  # any name is valid data; pricing it is what needs a known kind
+    with pytest.raises(LayoutSearchError, match=r"row 3, column 'gpu': unknown gpu 'a100_80g'; "
+                                                r"did you mean 'a100_80gb'\?"):
+        read_measurements(path, gpus=["a100_80gb", "h100_sxm"])
+    with pytest.raises(LayoutSearchError, match=r"row 3, column 'gpu': unknown gpu"):
+        predict(path)
+
+
+def test_an_empty_file_says_what_it_needs(tmp_path: Path) -> None:
+    path = tmp_path / "empty.csv"
+    path.write_text("")
+    with pytest.raises(LayoutSearchError, match=r"is empty: it needs a header line"):
+        read_measurements(path)
 
 
 def test_ok_run_needs_a_step_time(measurement_row: dict[str, Any]) -> None:

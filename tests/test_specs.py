@@ -95,6 +95,14 @@ def test_model_rejects_bad_shapes() -> None:
         _tiny(normalization="BatchNorm")
 
 
+@pytest.mark.parametrize(("field", "value"), [("swiglu", "no"), ("untie_embeddings", 3),
+                                              ("add_bias_linear", "false")])
+def test_model_flags_must_be_booleans(field: str, value: object) -> None:
+    # "no" and "false" are truthy strings: taken as they are they would mean True.
+    with pytest.raises(LayoutSearchError, match=rf"\.{field}={value!r}: must be true or false"):
+        _tiny(**{field: value})
+
+
 def test_replace_validates_and_names_unknown_fields() -> None:
     model = _tiny()
     assert model.replace(vocab_size=2000).vocab_size == 2000

@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "fit_memory_constants": not args.keep_memory}
     clusters = clusters_by_gpu()
     try:
-        rows = read_measurements(args.measurements)
+        rows = read_measurements(args.measurements, gpus=clusters)
         base = load_constants(args.base)
         fitted = fit_constants(rows, base, free, clusters=clusters, **settings)
     except LayoutSearchError as error:

@@ -48,8 +48,13 @@ def build_cost_model(
         with path.open() as handle:
             config = dict(yaml.safe_load(handle) or {})
         source = str(spec)
-    else:
+    elif isinstance(spec, Mapping):
         config, source = dict(spec), "cost model config"
+    else:
+        raise LayoutSearchError(
+            f"cost_model={spec!r}: must be a name (e.g. 'analytic'), a YAML path, a config "
+            "mapping with _target_, or a cost model instance"
+        )
     config.update(settings)
     target = config.pop("_target_", None)
     if target is None and "megatron_path" in config:
