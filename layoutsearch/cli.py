@@ -26,6 +26,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from layoutsearch.api import NoLayoutFitsWarning, search
@@ -37,7 +38,7 @@ from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.megatron import emit_megatron
 from layoutsearch.paths import config_dir
 from layoutsearch.reporting import report as write_run_report
-from layoutsearch.reporting.sweep import collect_sweep, write_summary
+from layoutsearch.reporting.sweep import ERROR_FILE, collect_sweep, write_summary
 from layoutsearch.space import SearchSpace
 from layoutsearch.specs import Job
 
@@ -183,18 +184,33 @@ class MultirunSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = self.sweep_dir or Path(str(config.hydra.sweep.dir))
-        if sweep_dir.is_dir():
-            path = write_summary(collect_sweep(sweep_dir), sweep_dir)
-            print(f"wrote {path} and {sweep_dir / 'multirun.csv'}")
+        if not sweep_dir.is_dir():
+            return
+        table = collect_sweep(sweep_dir)
+        path = write_summary(table, sweep_dir)
+        print(f"wrote {path} and {sweep_dir / 'multirun.csv'}")
+        failed = int(table["error"].notna().sum()) if "error" in table else 0
+        if failed:
+            # After every job ran: the sweep's exit status says that some input was wrong.
+            print(f"layoutsearch: error: {failed} of {len(table)} jobs failed; see {path}",
+                  file=sys.stderr)
+            sys.exit(USER_ERROR_STATUS)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="layoutsearch")
 def _app(cfg: DictConfig) -> None:
     config = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))  # keys are str
+    hydra_config = HydraConfig.get()
+    output_dir = Path(hydra_config.runtime.output_dir)
     try:
-        run(config, Path(HydraConfig.get().runtime.output_dir))
+        run(config, output_dir)
     except LayoutSearchError as error:
-        _fail(error)
+        if hydra_config.mode != RunMode.MULTIRUN:
+            _fail(error)
+        # One wrong job of a sweep must not stop the others: record it and go on.
+        print(f"layoutsearch: error: {error}", file=sys.stderr)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / ERROR_FILE).write_text(f"{error}\n")
 
 
 def main() -> None:

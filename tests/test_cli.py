@@ -78,6 +78,23 @@ def test_multirun_runs_every_job_and_model_overrides_change_the_result(tmp_path:
     assert (both["peak_memory_gib_large"] > both["peak_memory_gib_small"]).all()
 
 
+def test_a_wrong_job_of_a_sweep_does_not_stop_the_others(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    done = layoutsearch("--multirun", "model=llama_7b,llama_13b", "num_gpus=12,64", FAST,
+                        f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    # Every job ran; the exit status still says that some input was wrong.
+    assert done.returncode == 2
+    assert "2 of 4 jobs failed" in done.stderr and "Traceback" not in done.stderr
+    table = pd.read_csv(sweep / "multirun.csv")
+    assert list(table["overrides"]) == [
+        f"model={m} num_gpus={n} {FAST}" for m in ("llama_7b", "llama_13b") for n in (12, 64)]
+    failed = table["error"].notna()
+    assert list(failed) == [True, False, True, False]
+    assert table.loc[failed, "error"].str.contains("num_gpus=12: must be a whole number").all()
+    assert list(table.loc[~failed, "model"]) == ["llama_7b", "llama_13b"]
+    assert table.loc[~failed, "mfu"].gt(0).all()
+
+
 def test_unknown_model_exits_2_naming_the_closest_match(tmp_path: Path) -> None:
     done = layoutsearch("model=llama13b", cwd=tmp_path)
     assert done.returncode == 2

@@ -1,7 +1,8 @@
 """One table for a whole `--multirun`: every job's overrides, best layout and MFU.
 
-Reads each job's `ranked.csv` and `.hydra/overrides.yaml` from a sweep directory (so it
-works with any launcher, local or remote) and writes `multirun.csv`, `multirun.md` and
+Reads each job's `ranked.csv` (or the `error.txt` of a job whose input was wrong) and
+`.hydra/overrides.yaml` from a sweep directory (so it works with any launcher, local or
+remote) and writes `multirun.csv`, `multirun.md` and
 `multirun_mfu.png` there. The CLI's Hydra callback (`cli.MultirunSummary`) calls it when a
 sweep ends; it can also be run on a finished sweep directory.
 
@@ -26,6 +27,8 @@ from layoutsearch.reporting.markdown import markdown_table
 JOB_COLUMNS = ("model", "vocab_size", "gpu", "num_gpus", "seq_length", "global_batch_size")
 BEST_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "tokens_per_s", "peak_memory_gib",
                 "fits", "reason")
+ERROR_FILE = "error.txt"
+"""What a job of a sweep writes instead of `ranked.csv` when its input is wrong (cli.py)."""
 
 
 def _overrides(job_dir: Path) -> str:
@@ -36,13 +39,17 @@ def _overrides(job_dir: Path) -> str:
 
 
 def collect_sweep(sweep_dir: Path) -> pd.DataFrame:
-    """One row per job of the sweep that wrote a `ranked.csv`: its best (first) row."""
+    """One row per job of the sweep: its best (first) row, or its `error` message."""
     rows: list[dict[str, Any]] = []
-    for csv in sorted(sweep_dir.rglob("ranked.csv"), key=lambda p: _job_key(sweep_dir, p)):
-        ranked = pd.read_csv(csv)
-        job_dir = csv.parent
+    outputs = [*sweep_dir.rglob("ranked.csv"), *sweep_dir.rglob(ERROR_FILE)]
+    for output in sorted(outputs, key=lambda p: _job_key(sweep_dir, p)):
+        job_dir = output.parent
         row: dict[str, Any] = {"job": str(job_dir.relative_to(sweep_dir)),
                                "overrides": _overrides(job_dir)}
+        if output.name == ERROR_FILE:
+            rows.append({**row, "error": output.read_text().strip()})
+            continue
+        ranked = pd.read_csv(output)
         if ranked.empty:
             rows.append(row)
             continue
@@ -56,9 +63,9 @@ def collect_sweep(sweep_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _job_key(sweep_dir: Path, csv: Path) -> tuple[Any, ...]:
+def _job_key(sweep_dir: Path, output: Path) -> tuple[Any, ...]:
     # Hydra numbers jobs 0, 1, ... 10: sort numerically, not as text.
-    parts = csv.parent.relative_to(sweep_dir).parts
+    parts = output.parent.relative_to(sweep_dir).parts
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts)
 
 
@@ -68,12 +75,14 @@ def mfu_figure(table: pd.DataFrame) -> Figure:
     empty = pd.Series(np.nan, index=table.index)
     mfu = 100 * pd.to_numeric(table.get("mfu", empty), errors="coerce").fillna(0.0).to_numpy()
     fits = table.get("fits", empty).fillna(False).astype(bool).to_numpy()
+    failed = table.get("error", empty).notna().to_numpy()
     fig = Figure(figsize=(10, 1.5 + 0.35 * len(table)), dpi=110, layout="constrained")
     ax = fig.subplots()
     bars = ax.barh(names, np.where(fits, mfu, 0.0), color="tab:blue")
-    for bar, value, fit in zip(bars, mfu, fits, strict=True):
-        ax.text(bar.get_width() + 0.5, bar.get_y() + bar.get_height() / 2,
-                f"{value:.1f} %" if fit else "nothing fits", va="center", fontsize=8)
+    for bar, value, fit, error in zip(bars, mfu, fits, failed, strict=True):
+        text = f"{value:.1f} %" if fit else "error" if error else "nothing fits"
+        ax.text(bar.get_width() + 0.5, bar.get_y() + bar.get_height() / 2, text,
+                va="center", fontsize=8)
     ax.invert_yaxis()  # the first job on top
     ax.set_xlabel("best MFU (%)")
     ax.set_xlim(0, max(float(mfu.max(initial=0.0)) * 1.15, 10.0))
@@ -91,8 +100,12 @@ def write_summary(table: pd.DataFrame, sweep_dir: Path) -> Path:
         rows = []
         for _, r in table.iterrows():
             fits = bool(r.get("fits", False)) if pd.notna(r.get("fits")) else False
+            error = r.get("error")
+            failed = isinstance(error, str) and bool(error)
             rows.append([
-                f"[{r['job']}]({r['job']}/report.md)", r["overrides"] or "(defaults)",
+                f"[{r['job']}]({r['job']}/{ERROR_FILE if failed else 'report.md'})",
+                r["overrides"] or "(defaults)",
+                f"error: {error}" if failed else
                 r["layout"] if fits else f"nothing fits: {r.get('reason', '')}",
                 f"{100 * r['mfu']:.1f}" if fits else "—",
                 f"{r['step_time_s']:.2f}" if fits else "—",

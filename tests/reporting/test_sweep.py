@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from layoutsearch.reporting.sweep import collect_sweep, write_summary
+from layoutsearch.reporting.sweep import ERROR_FILE, collect_sweep, write_summary
 
 
 def _job(sweep: Path, name: str, overrides: list[str], rows: list[dict[str, object]]) -> None:
@@ -41,6 +41,21 @@ def test_collect_takes_each_jobs_best_row_in_job_order(tmp_path: Path) -> None:
     assert "| [2](2/report.md) | num_gpus=64 | tp1 pp2" in summary
     assert pd.read_csv(tmp_path / "multirun.csv").shape[0] == 3
     assert (tmp_path / "multirun_mfu.png").stat().st_size > 5_000
+
+
+def test_a_job_that_failed_is_listed_with_its_error(tmp_path: Path) -> None:
+    _job(tmp_path, "0", ["num_gpus=64"], [ROW])
+    failed = tmp_path / "1"
+    (failed / ".hydra").mkdir(parents=True)
+    (failed / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["num_gpus=12"]))
+    (failed / ERROR_FILE).write_text("job.num_gpus=12: must be a whole number of nodes\n")
+    table = collect_sweep(tmp_path)
+    assert list(table["job"]) == ["0", "1"]
+    assert pd.isna(table.loc[0, "error"])
+    assert table.loc[1, "error"] == "job.num_gpus=12: must be a whole number of nodes"
+    summary = write_summary(table, tmp_path).read_text()
+    assert ("| [1](1/error.txt) | num_gpus=12 | error: job.num_gpus=12: must be a whole "
+            "number of nodes |") in summary
 
 
 def test_the_command_writes_the_sweep_table(tmp_path: Path) -> None:
