@@ -12,6 +12,7 @@ only module of the package that imports Hydra.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -20,6 +21,7 @@ from typing import Any, NoReturn, cast
 
 import hydra
 import pandas as pd
+import yaml
 from hydra._internal.utils import get_args_parser  # Hydra's own argv parser (stable in 1.3)
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -39,8 +41,8 @@ from layoutsearch.megatron import emit_megatron
 from layoutsearch.paths import config_dir
 from layoutsearch.reporting import report as write_run_report
 from layoutsearch.reporting.sweep import ERROR_FILE, collect_sweep, write_summary
-from layoutsearch.space import SearchSpace
-from layoutsearch.specs import Job
+from layoutsearch.space import DP_IS_DERIVED, SearchSpace
+from layoutsearch.specs import ClusterSpec, GPUSpec, Job, ModelSpec
 
 CONF_DIR = Path(__file__).parent / "conf"
 
@@ -148,10 +150,36 @@ def _group_choices(override: Override) -> Iterator[str]:
         yield value
 
 
-def check_group_choices(argv: Sequence[str]) -> None:
-    """Reject an unknown option of a group (`model=llama13b`) with the closest valid name.
+def _known_keys() -> dict[str, list[str]]:
+    """Top-level settings, and the fields of those whose fields are fixed, for `check_keys`."""
+    primary = yaml.safe_load((CONF_DIR / "layoutsearch.yaml").read_text())
+    fields = {"model": ModelSpec, "cluster": ClusterSpec, "cluster.gpu": GPUSpec,
+              "search_spaces": SearchSpace}
+    known = {name: [f.name for f in dataclasses.fields(cls)] for name, cls in fields.items()}
+    known[""] = sorted({*primary, *GROUP_DIRS} - {"defaults"})
+    return known
 
-    Hydra would report it too, but with status 1 and no suggestion. Skipped when the user
+
+def check_key(override: Override, known: Mapping[str, list[str]]) -> None:
+    """Reject a setting that no config has (`num_gpu=64`, `model.vocab=1`), naming the closest.
+
+    Adding a key (`+model.foo=1`) is left to the config it lands in to judge.
+    """
+    key = override.key_or_group
+    if override.type is not OverrideType.CHANGE or key.split(".")[0] == "hydra":
+        return
+    parent, _, name = key.rpartition(".")
+    if parent in known and name not in known[parent]:
+        where = f"{parent} field" if parent else "setting"
+        hint = f"; {DP_IS_DERIVED}" if key == "search_spaces.dp" else ""
+        raise LayoutSearchError(unknown_name_message(where, name, known[parent]) + hint)
+
+
+def check_group_choices(argv: Sequence[str]) -> None:
+    """Reject an unknown option of a group (`model=llama13b`) or an unknown setting
+    (`num_gpu=64`) with the closest valid name.
+
+    Hydra would report them too, but with status 1 and no suggestion. Skipped when the user
     adds config folders of their own (`--config-dir`, `hydra.searchpath=`).
     """
     args = get_args_parser().parse_args(list(argv))
@@ -161,7 +189,9 @@ def check_group_choices(argv: Sequence[str]) -> None:
         return  # a syntax error: Hydra explains it
     if args.config_dir or any(o.key_or_group == "hydra.searchpath" for o in overrides):
         return
+    known = _known_keys()
     for override in overrides:
+        check_key(override, known)
         if override.key_or_group not in GROUP_DIRS or override.type is OverrideType.DEL:
             continue
         options = group_options(override.key_or_group)

@@ -60,6 +60,10 @@ def _as_list(knob: str, values: Any) -> list[Any]:
     return list(dict.fromkeys(values))  # drop repeats, keep order
 
 
+DP_IS_DERIVED = "dp follows from num_gpus / (tp·pp·cp)"
+"""Why dp is no knob: said wherever a user tries to set it."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SearchSpace:
     """The values each knob may take; the candidates are their cartesian product."""
@@ -84,16 +88,17 @@ class SearchSpace:
     @classmethod
     def from_dict(cls, fields: Mapping[str, Any], name: str = "custom") -> SearchSpace:
         values: dict[str, Any] = {}
+        name = str(fields.get("name", name))
         for knob, raw in fields.items():
             if knob in ("name", "_target_"):
                 continue
             if knob not in KNOBS:
                 raise LayoutSearchError(
                     f"search space {name!r} has unknown knob {knob!r}; knobs: {', '.join(KNOBS)}"
-                    + ("; dp follows from num_gpus / (tp·pp·cp)" if knob == "dp" else "")
+                    + (f"; {DP_IS_DERIVED}" if knob == "dp" else "")
                 )
             values[knob] = raw
-        return cls(name=str(fields.get("name", name)), **values)
+        return cls(name=name, **values)
 
     @classmethod
     def load(cls, name: str) -> SearchSpace:

@@ -57,8 +57,11 @@ def test_overrides_change_fields_and_are_validated() -> None:
 
 
 def test_definitions_from_dicts_name_their_mistakes() -> None:
-    with pytest.raises(LayoutSearchError, match=r"model definition .*'layers'"):
+    with pytest.raises(LayoutSearchError,
+                       match=r"model 'm': unknown model field 'layers'; did you mean 'num_layers'"):
         model_from_dict({"name": "m", "layers": 2})
+    with pytest.raises(LayoutSearchError, match=r"model definition .*missing .*'hidden_size'"):
+        model_from_dict({"name": "m", "num_layers": 2})
     with pytest.raises(LayoutSearchError, match=r"needs a 'gpu' mapping"):
         cluster_from_dict({"name": "c", "intra_node_bandwidth_gbps": 1,
                            "inter_node_bandwidth_gbps": 1})

@@ -6,6 +6,7 @@ tp in {1, 2} to keep each run well under a second.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,6 +117,29 @@ def test_help_lists_exactly_the_config_groups(tmp_path: Path) -> None:
     listed = {line.split(":")[0] for line in groups.splitlines()[2:] if ":" in line}
     assert listed == set(GROUP_DIRS)
     assert "llama_13b" in groups and "a100_80gb" in groups and "paper" in groups
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("num_gpu=64", "unknown setting 'num_gpu'; did you mean 'num_gpus'?"),
+    ("model.vocab=1", "unknown model field 'vocab'; did you mean 'vocab_size'?"),
+    ("cluster.gpu.memory=1", "unknown cluster.gpu field 'memory'; did you mean 'memory_gib'?"),
+    ("search_spaces.dp=[1]", "dp follows from num_gpus / (tp·pp·cp)"),
+])
+def test_unknown_settings_name_the_closest_valid_one(override: str, message: str) -> None:
+    with pytest.raises(LayoutSearchError, match=re.escape(message)):
+        check_group_choices([override])
+
+
+def test_known_and_added_settings_pass_the_check() -> None:
+    check_group_choices(["num_gpus=128", "model.vocab_size=32000", "cluster.gpu.memory_gib=94",
+                         "search_spaces.tp=[1,2]", "hydra.job.chdir=false", "top_k=3",
+                         "cost_models.top_k=8"])
+
+
+def test_an_added_model_field_lists_the_valid_ones(tmp_path: Path) -> None:
+    done = layoutsearch("+model.vocab=1", FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "unknown model field 'vocab'; did you mean 'vocab_size'?" in done.stderr
 
 
 def test_group_choices_are_checked_in_sweeps_too() -> None:

@@ -9,6 +9,7 @@ The folders `model/` and `cluster/` double as Hydra config groups (`model=llama_
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -39,9 +40,16 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _construct(cls: type, kind: str, fields: Mapping[str, Any]) -> Any:
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in fields if k not in valid]
+    if unknown:
+        name = fields.get("name", "")
+        raise LayoutSearchError(
+            f"{kind} {name!r}: " + "; ".join(
+                unknown_name_message(f"{kind} field", str(k), valid) for k in unknown))
     try:
         return cls(**fields)
-    except TypeError as error:  # unknown or missing field: say which
+    except TypeError as error:  # a missing field: say which
         raise LayoutSearchError(f"{kind} definition {dict(fields)!r}: {error}") from None
 
 
