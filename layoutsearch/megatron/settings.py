@@ -81,7 +81,9 @@ class MegatronSettings:
 
     @property
     def script_path(self) -> Path:
-        return Path(self.megatron_path) / self.script
+        """The training script as an absolute path: launchers run it with the checkout as
+        their working directory, and a written script may be started from any folder."""
+        return Path(self.megatron_path).expanduser().absolute() / self.script
 
     def launch_prefix(self) -> list[str]:
         """The torchrun command, before its own options."""

@@ -102,6 +102,23 @@ def test_local_launcher_runs_the_fake_and_kills_a_hang(tmp_path):
     assert parse_log(missing.text, returncode=missing.returncode).status == "error"
 
 
+def test_local_launcher_finds_a_checkout_given_relative_to_the_working_folder(
+        tmp_path, monkeypatch):
+    # The shipped settings say megatron_path: Megatron-LM (a folder beside the user).
+    checkout = tmp_path / "Megatron-LM"
+    checkout.mkdir()
+    fake = fake_megatron_settings(tmp_path)
+    (checkout / "pretrain_gpt.py").write_text(Path(fake.script_path).read_text())
+    monkeypatch.chdir(tmp_path)
+    settings = fake.replace(megatron_path="Megatron-LM")
+    job = study_job("llama_13b", 2048, 8)
+    command = build_command(Layout(tp=8, dp=1, rmsnorm_kernel=True), job, settings)
+    assert settings.script_path == checkout / "pretrain_gpt.py"
+    run = LocalLauncher(settings).run(Trial(name="a", command=command,
+                                            log_path=tmp_path / "a.log"))
+    assert parse_log(run.text, returncode=run.returncode).status == "ok", run.text
+
+
 class FakeJob:
     def __init__(self, codes):
         self.codes = codes
