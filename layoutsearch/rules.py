@@ -123,6 +123,17 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
             ('seq_length', 'cp'),
         ),
         Rule(
+            # Megatron-LM splits the sequence over CP ranks only inside Transformer Engine's
+            # flash/fused attention: its own DotProductAttention asserts "Context parallelism
+            # is only supported by TEDotProductAttention!" (megatron/core/transformer/
+            # dot_product_attention.py) and TE turns its unfused attention off under CP.
+            "context_parallel_needs_flash",
+            lambda t: ((t["cp"] > 1) & ~t["attention"].str.startswith("flash")).to_numpy(),
+            lambda t: "cp (" + _text(t["cp"]) + ") > 1 needs FlashAttention, not "
+            + _text(t["attention"]) + " attention",
+            ('cp', 'attention'),
+        ),
+        Rule(
             "interleaving_needs_pipeline",
             lambda t: ((t["vp"] > 1) & (t["pp"] == 1)).to_numpy(),
             lambda t: "vp (" + _text(t["vp"]) + ") > 1 needs pp > 1",

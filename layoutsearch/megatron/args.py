@@ -141,7 +141,8 @@ def _recompute_args(layout: Layout) -> list[str]:
     return []
 
 
-def _kernel_args(layout: Layout) -> tuple[list[str], dict[str, str], list[str]]:
+def _kernel_args(layout: Layout, model: ModelSpec,
+                 ) -> tuple[list[str], dict[str, str], list[str]]:
     """Attention backend and RMSNorm implementation: argv, env and caveats.
 
     Megatron-LM offers two layer implementations (`--transformer-impl`). `transformer_engine`
@@ -155,7 +156,11 @@ def _kernel_args(layout: Layout) -> tuple[list[str], dict[str, str], list[str]]:
     env: dict[str, str] = {}
     notes: list[str] = []
     flash = layout.attention in (*FLASH_KERNELS, "flash1")
-    if flash or layout.rmsnorm_kernel:
+    # The local layers' RMSNorm is PyTorch's (WrappedTorchNorm), which asserts "sequence
+    # parallel not supported by torch LayerNorm" (megatron/core/transformer/torch_norm.py).
+    torch_rmsnorm_refuses = (layout.sequence_parallel and layout.tp > 1
+                             and model.normalization == "RMSNorm")
+    if flash or layout.rmsnorm_kernel or torch_rmsnorm_refuses:
         argv += ["--transformer-impl", "transformer_engine"]
         if flash:
             argv += ["--attention-backend", "flash"]
@@ -172,12 +177,18 @@ def _kernel_args(layout: Layout) -> tuple[list[str], dict[str, str], list[str]]:
                 "flash-attn >= 2, so --attention-backend flash runs FlashAttention 2"
             )
         if not layout.rmsnorm_kernel:
+            why = ("FlashAttention" if flash else "sequence parallelism (PyTorch's RMSNorm of "
+                   "the local layers does not support it)")
             notes.append(
-                "rmsnorm_kernel=false cannot be expressed with FlashAttention in Megatron-LM: "
-                "its Transformer Engine layers always use TE's fused RMSNorm"
+                f"rmsnorm_kernel=false cannot be expressed with {why} in Megatron-LM: its "
+                "Transformer Engine layers always use TE's fused RMSNorm"
             )
     else:
         argv += ["--transformer-impl", "local"]
+        if model.normalization == "RMSNorm":
+            # WrappedTorchNorm asserts "persist_layer_norm not supported by torch LayerNorm",
+            # and persist_layer_norm = not --no-persist-layer-norm (arguments.py).
+            argv.append("--no-persist-layer-norm")
         if layout.attention == "torch":
             argv.append("--no-masked-softmax-fusion")
     return argv, env, notes
@@ -193,7 +204,7 @@ def build_command(layout: Layout, job: Job,
             f"layout tp·pp·cp·dp = {layout.tp}·{layout.pp}·{layout.cp}·{layout.dp} does not "
             f"equal num_gpus={job.num_gpus}; no Megatron-LM command can run it"
         )
-    kernels, env, notes = _kernel_args(layout)
+    kernels, env, notes = _kernel_args(layout, model)
     parallel = _parallel_args(layout, model)
     argv = [
         *_model_args(model, job.seq_length),

@@ -20,17 +20,18 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 DEPRECATED_FLAGS = {
-    # validate_args, "Deprecated arguments": asserted None, or exit() for the first.
-    "--checkpoint-activations": "exits; use --recompute-granularity",
-    "--recompute-activations": "means --recompute-granularity selective",
-    "--batch-size": "use --micro-batch-size",
-    "--model-parallel-size": "use --tensor-model-parallel-size",
-    "--warmup": "use --lr-warmup-fraction",
+    # validate_args, "Deprecated arguments": exit() for the first, asserted None for others.
+    "--checkpoint-activations": ("error", "exits; use --recompute-granularity"),
+    "--batch-size": ("error", "use --micro-batch-size"),
+    "--model-parallel-size": ("error", "use --tensor-model-parallel-size"),
+    "--warmup": ("error", "use --lr-warmup-fraction"),
+    # Still accepted and mapped: validate_args sets recompute_granularity = 'selective'.
+    "--recompute-activations": ("warning", "means --recompute-granularity selective"),
     # _add_training_args: kept for compatibility, no effect on MCore models.
-    "--use-flash-attn": "no effect; use --attention-backend flash",
+    "--use-flash-attn": ("warning", "no effect; use --attention-backend flash"),
     # _add_network_size_args: "Deprecated: use --position-embedding-type".
-    "--use-rotary-position-embeddings": "use --position-embedding-type rope",
-    "--no-position-embedding": "use --position-embedding-type",
+    "--use-rotary-position-embeddings": ("warning", "use --position-embedding-type rope"),
+    "--no-position-embedding": ("warning", "use --position-embedding-type"),
 }
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                      "shared_experts")
@@ -59,13 +60,14 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
     p.add_argument("--swiglu", action="store_true")
     p.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    p.add_argument("--no-persist-layer-norm", action="store_true")
     # _add_training_args
     p.add_argument("--micro-batch-size", type=int)
     p.add_argument("--global-batch-size", type=int)
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
     p.add_argument("--recompute-method", choices=["uniform", "block"])
     p.add_argument("--recompute-num-layers", type=int)
-    p.add_argument("--recompute-modules", nargs="*", type=str)
+    p.add_argument("--recompute-modules", nargs="+", type=str)
     p.add_argument("--train-iters", type=int)
     p.add_argument("--log-interval", type=int, default=100)
     p.add_argument("--no-masked-softmax-fusion", action="store_false",
@@ -131,6 +133,12 @@ def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
     return argument_parser().parse_args(list(argv))
 
 
+def parse_known_argv(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The flags layoutsearch knows parsed as Megatron-LM would, and the others as given
+    (a user's extra flags, e.g. --rotary-base 500000); ValueError on a malformed known flag."""
+    return argument_parser().parse_known_args(list(argv))
+
+
 def _split(a: argparse.Namespace) -> tuple[int, int]:
     """Layers and stages left to the middle stages once the uneven ends are taken."""
     layers, stages = a.num_layers or 0, a.pipeline_model_parallel_size
@@ -181,6 +189,7 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
     largest_stage = max(stages, default=0)
     vstage = a.num_layers_per_virtual_pipeline_stage
     granularity = a.recompute_granularity
+    local_rmsnorm = a.transformer_impl == "local" and a.normalization == "RMSNorm"
     return [
         # validate_args: "world size is not divisible by total_model_size".
         (world % model_parallel != 0, "world_size",
@@ -260,10 +269,12 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
         # between 1 and the layers per pipeline rank; selective takes neither.
         (granularity == "full" and a.recompute_method is None, "recompute_method",
          "--recompute-granularity full needs --recompute-method uniform|block", "error"),
-        # With uneven stages the bound is the largest stage's layer count.
-        (granularity == "full"
-         and not 1 <= (a.recompute_num_layers or 0) <= max(largest_stage, 1),
-         "recompute_num_layers", f"--recompute-num-layers must be in 1..{largest_stage}",
+        # Megatron raises when the count is missing ("must be between 1 and
+        # num_layers_per_pipeline_rank" is that error's text); a larger count recomputes
+        # the whole stage as one chunk.
+        (granularity == "full" and (a.recompute_num_layers or 0) < 1,
+         "recompute_num_layers",
+         f"--recompute-num-layers must be at least 1 (stages have up to {largest_stage})",
          "error"),
         (granularity == "selective" and (a.recompute_method is not None
                                          or a.recompute_num_layers is not None),
@@ -286,6 +297,22 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
         # megatron/training/tokenizer: NullTokenizer is built from --vocab-size.
         (a.tokenizer_type == "NullTokenizer" and not a.vocab_size, "null_tokenizer_vocab",
          "NullTokenizer needs --vocab-size", "error"),
+        # megatron/core/transformer/dot_product_attention.py: "Context parallelism is only
+        # supported by TEDotProductAttention!"; Transformer Engine turns its unfused
+        # attention off under context parallelism (attention/dot_product_attention/utils.py).
+        (cp > 1 and (a.transformer_impl == "local"
+                     or a.attention_backend in ("unfused", "local")),
+         "context_parallel_attention",
+         f"context parallelism (cp {cp}) needs Transformer Engine's flash or fused attention, "
+         f"not --transformer-impl {a.transformer_impl} --attention-backend "
+         f"{a.attention_backend}", "error"),
+        # megatron/core/transformer/torch_norm.py (WrappedTorchNorm, the local layers'
+        # RMSNorm) asserts not persist_layer_norm and not sequence_parallel;
+        # persist_layer_norm = not --no-persist-layer-norm (core_transformer_config_from_args).
+        (local_rmsnorm and not a.no_persist_layer_norm, "torch_norm_persist",
+         "--transformer-impl local with RMSNorm needs --no-persist-layer-norm", "error"),
+        (local_rmsnorm and a.sequence_parallel and tp > 1, "torch_norm_sequence_parallel",
+         "--transformer-impl local with RMSNorm does not support --sequence-parallel", "error"),
         # validate_args: --attention-backend local is only supported with --spec local.
         (a.attention_backend == "local", "attention_backend_local",
          "--attention-backend local needs --spec local", "error"),
@@ -301,15 +328,23 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
 
 def validate_argv(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   world_size: int) -> list[Problem]:
-    """Every Megatron-LM rule the command breaks (empty when it would start)."""
-    problems = [Problem("deprecated_flag", f"{flag}: {why}")
-                for flag, why in DEPRECATED_FLAGS.items() if flag in argv]
-    if problems:
-        return problems
+    """Every Megatron-LM rule the command breaks (no errors when it would start).
+
+    Flags layoutsearch does not emit (a user's `extra_args`) are reported as warnings:
+    they are passed on unchecked.
+    """
+    deprecated = [Problem("deprecated_flag", f"{flag}: {why}", severity)
+                  for flag, (severity, why) in DEPRECATED_FLAGS.items() if flag in argv]
+    if any(p.severity == "error" for p in deprecated):
+        return deprecated
     try:
-        parsed = parse_argv(argv)
+        parsed, unknown = parse_known_argv(argv)
     except ValueError as error:
-        return [Problem("argparse", str(error))]
-    return [Problem(rule, message, severity)
-            for broken, rule, message, severity in _checks(parsed, env or {}, world_size)
-            if broken]
+        return [*deprecated, Problem("argparse", str(error))]
+    flags = [f for f in unknown if f.startswith("--") and f not in DEPRECATED_FLAGS]
+    unchecked = [Problem("unchecked_flag", f"{' '.join(flags)}: passed on to Megatron-LM "
+                         "as given, not checked by layoutsearch", "warning")] if flags else []
+    return [*deprecated, *unchecked,
+            *(Problem(rule, message, severity)
+              for broken, rule, message, severity in _checks(parsed, env or {}, world_size)
+              if broken)]

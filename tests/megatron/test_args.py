@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 from megatron_study import STUDY_BEST, study_job, study_layout
 
-from layoutsearch.catalog import load_cluster, load_model
+import layoutsearch
+from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
 from layoutsearch.layout import Layout
 from layoutsearch.megatron import MegatronSettings, build_command, parse_argv, validate_argv
 from layoutsearch.megatron.inverse import row_of_argv
+from layoutsearch.rules import violations
 from layoutsearch.specs import Job
 
 GLOBAL_TOKENS = 2**22
@@ -85,6 +87,52 @@ def test_inexpressible_kernels_say_so():
     assert any("rmsnorm_kernel=false" in n for n in plain_norm.notes)
 
 
+def test_local_layers_get_a_norm_megatron_can_build():
+    job = study_job("llama_13b", 2048, 64)
+    local = build_command(study_layout(64, 2, 1, attention="fused", rmsnorm_kernel=False), job)
+    assert "--no-persist-layer-norm" in local.argv and local.exact
+    assert validate_argv(local.argv, env=local.env, world_size=64) == []
+    persisted = [a for a in local.argv if a != "--no-persist-layer-norm"]
+    assert _rules(persisted, local.env) == {"torch_norm_persist"}
+    # PyTorch's RMSNorm refuses sequence parallelism: the command runs TE's fused RMSNorm
+    # and says that rmsnorm_kernel=false was not kept.
+    sp = build_command(study_layout(64, 2, 1, attention="fused", rmsnorm_kernel=False,
+                                    sequence_parallel=True), job)
+    args = parse_argv(sp.argv)
+    assert (args.transformer_impl, args.attention_backend) == ("transformer_engine", "unfused")
+    assert not sp.exact and any("sequence parallelism" in n for n in sp.notes)
+    assert validate_argv(sp.argv, env=sp.env, world_size=64) == []
+    assert _rules([*local.argv, "--sequence-parallel"], local.env) == {
+        "torch_norm_sequence_parallel"}
+
+
+def test_context_parallelism_needs_transformer_engine_attention():
+    job = study_job("llama_13b", 8192, 64)
+    flash = build_command(study_layout(64, 2, 1, cp=2, dp=16), job)
+    assert validate_argv(flash.argv, env=flash.env, world_size=64) == []
+    unfused = _set(flash.argv, "--attention-backend", "unfused")
+    assert _rules(unfused, flash.env) == {"context_parallel_attention"}
+
+
+@pytest.mark.parametrize(("model", "seq", "gpus"), [("llama3_8b", 8192, 64),
+                                                    ("gpt3_175b", 2048, 256)])
+def test_every_layout_the_search_passes_gets_a_command_megatron_accepts(model, seq, gpus):
+    ranked = layoutsearch.search(model=model, num_gpus=gpus, seq_length=seq,
+                                 global_batch_size=512, search_space="default")
+    passing = ranked[violations(ranked, clusters_by_gpu()) == ""]
+    # One row per kernel/parallelism combination, whatever its batch and recompute.
+    keys = ["tp", "pp", "cp", "vp", "sequence_parallel", "attention", "rmsnorm_kernel",
+            "distributed_optimizer"]
+    sample = passing.drop_duplicates(keys)
+    assert len(sample) > 50
+    job = ranked.attrs["job"]
+    for _, row in sample.iterrows():
+        command = build_command(Layout.from_row(row), job)
+        errors = [p for p in validate_argv(command.argv, env=command.env, world_size=gpus)
+                  if p.severity == "error"]
+        assert errors == [], (Layout.from_row(row), errors)
+
+
 def test_round_trip_of_a_layout_through_its_argv():
     layout = study_layout(128, 4, 2, sequence_parallel=True, micro_batch_size=2, vp=2,
                           recompute="full")
@@ -150,10 +198,19 @@ def test_validation_catches_each_rule(argv):
                                             world=192)
 
 
-def test_deprecated_and_unknown_flags_are_rejected(argv):
-    assert _rules([*argv, "--use-flash-attn"], ENV) == {"deprecated_flag"}
-    assert _rules([*argv, "--checkpoint-activations"], ENV) == {"deprecated_flag"}
-    assert _rules([*argv, "--tensor-parallel-size", "2"], ENV) == {"argparse"}
+def _severities(argv, env):
+    return {(p.rule, p.severity) for p in validate_argv(argv, env=env, world_size=64)}
+
+
+def test_deprecated_unknown_and_malformed_flags(argv):
+    # Megatron-LM exits on the first, and still runs (mapping or ignoring it) with the second.
+    assert _severities([*argv, "--checkpoint-activations"], ENV) == {("deprecated_flag", "error")}
+    assert _severities([*argv, "--use-flash-attn"], ENV) == {("deprecated_flag", "warning")}
+    # A flag layoutsearch does not emit (a user's extra_args) is passed on, said unchecked.
+    unchecked = validate_argv([*argv, "--rotary-base", "500000"], env=ENV, world_size=64)
+    assert [(p.rule, p.severity) for p in unchecked] == [("unchecked_flag", "warning")]
+    assert unchecked[0].message.startswith("--rotary-base: passed on")
+    assert _rules([*argv, "--tensor-model-parallel-size", "two"], ENV) == {"argparse"}
 
 
 def test_sequence_parallel_at_tp1_is_a_warning_not_an_error():

@@ -112,13 +112,16 @@ def test_first_and_last_must_hold_all_layers_without_middle_stages(pp8):
     assert _problems(_set(pp2, LAST, "30"), env) == {}
 
 
-def test_recompute_layers_are_bounded_by_the_largest_stage(pp8):
+def test_full_recompute_needs_a_layer_count_of_at_least_one(pp8):
     argv, env = pp8
     full = [*argv, "--recompute-granularity", "full", "--recompute-method", "uniform",
             "--recompute-num-layers", "8"]
     assert _problems(full, env) == {}
-    too_many = _problems(_set(full, "--recompute-num-layers", "9"), env)
-    assert too_many == {"recompute_num_layers": "--recompute-num-layers must be in 1..8"}
+    # More than a stage holds recomputes the whole stage as one chunk: Megatron runs it.
+    assert _problems(_set(full, "--recompute-num-layers", "9"), env) == {}
+    none = _problems(_set(full, "--recompute-num-layers", "0"), env)
+    assert none == {"recompute_num_layers":
+                    "--recompute-num-layers must be at least 1 (stages have up to 8)"}
 
 
 def test_the_fake_megatron_runs_an_uneven_split(tmp_path):
