@@ -22,6 +22,10 @@ from layoutsearch.layout import ATTENTION_KERNELS, RECOMPUTE_KINDS
 from layoutsearch.pipeline import stage_split
 from layoutsearch.specs import ClusterSpec
 
+VOCAB_DIVISIBLE_BY = 128
+"""Megatron-LM's --make-vocab-size-divisible-by default: the vocabulary is padded to a
+multiple of it times tp."""
+
 Array = np.ndarray
 
 
@@ -56,6 +60,7 @@ class Shapes:
     kv_width: Array
     """Width of the K (or V) projection: query groups × head dimension."""
     vocab: Array
+    """Vocabulary rows as Megatron pads them (a multiple of VOCAB_DIVISIBLE_BY · tp)."""
     seq: Array
     swiglu: Array  # flags
     untied: Array  # flags
@@ -156,9 +161,14 @@ class Shapes:
             np.where(single, 0.0, 1.0), np.zeros_like(pp),
             np.where(single & untied, 2.0, 1.0),
         ])
-        stage_params = (stage_layers * per_layer + stage_embeddings * V * h) / tp
+        # Megatron pads the vocabulary to a multiple of 128·tp (make_vocab_size_divisible_by,
+        # arguments.py::_vocab_size_with_padding): the embedding, output layer and logits
+        # have that many rows. The model's own parameter count (MFU) stays unpadded.
+        divisor = VOCAB_DIVISIBLE_BY * tp
+        padded_vocab = np.ceil(V / divisor) * divisor
+        stage_params = (stage_layers * per_layer + stage_embeddings * padded_vocab * h) / tp
         return cls(
-            num_layers=L, hidden=h, ffn=f, heads=a, kv_width=kv, vocab=V, seq=seq,
+            num_layers=L, hidden=h, ffn=f, heads=a, kv_width=kv, vocab=padded_vocab, seq=seq,
             swiglu=swiglu, untied=untied, params_per_layer=per_layer,
             num_parameters=num_parameters,
             num_gpus=_floats(table, "num_gpus"),

@@ -66,7 +66,18 @@ def test_more_tensor_parallelism_holds_fewer_weights_per_gpu() -> None:
     rows = score(tp=[1, 2, 4, 8]).sort_values("tp")
     assert rows["memory_weights_gib"].is_monotonic_decreasing
     weights = rows["memory_weights_gib"]
-    assert weights.iloc[0] / weights.iloc[-1] == pytest.approx(8)
+    # Exactly 8x fewer but for tp 8's padded vocabulary: 32,768 rows instead of 32,000.
+    h, padding = 5120, 2 * 2 * (32768 - 32000)  # two vocabulary matrices (untied), 2 bytes
+    assert weights.iloc[0] / (weights.iloc[-1] - padding * h / 8 / GIB) == pytest.approx(8)
+
+
+@pytest.mark.parametrize(("tp", "rows"), [(1, 32000), (2, 32000), (4, 32256), (8, 32768)])
+def test_the_vocabulary_is_padded_as_megatron_pads_it(tp: int, rows: int) -> None:
+    # arguments.py::_vocab_size_with_padding: a multiple of 128 · tp.
+    assert shapes(tp=tp).vocab[0] == rows
+    padded = score(tp=tp, model_fields={"vocab_size": rows})
+    assert score(tp=tp)["memory_weights_gib"].iloc[0] == pytest.approx(
+        padded["memory_weights_gib"].iloc[0], rel=1e-12)
 
 
 def test_recompute_keeps_less_than_no_recompute() -> None:
