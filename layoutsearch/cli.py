@@ -134,8 +134,12 @@ def report(ranked: pd.DataFrame, space: SearchSpace, top_k: int) -> str:
     return "\n".join(lines)
 
 
+def _print_error(message: object) -> None:
+    print(f"layoutsearch: error: {message}", file=sys.stderr)
+
+
 def _fail(error: LayoutSearchError) -> NoReturn:
-    print(f"layoutsearch: error: {error}", file=sys.stderr)
+    _print_error(error)
     sys.exit(USER_ERROR_STATUS)
 
 
@@ -151,7 +155,7 @@ def _group_choices(override: Override) -> Iterator[str]:
 
 
 def _known_keys() -> dict[str, list[str]]:
-    """Top-level settings, and the fields of those whose fields are fixed, for `check_keys`."""
+    """Top-level settings, and the fields of those whose fields are fixed, for `check_key`."""
     primary = yaml.safe_load((CONF_DIR / "layoutsearch.yaml").read_text())
     fields = {"model": ModelSpec, "cluster": ClusterSpec, "cluster.gpu": GPUSpec,
               "search_spaces": SearchSpace}
@@ -222,8 +226,7 @@ class MultirunSummary(Callback):
         failed = int(table["error"].notna().sum()) if "error" in table else 0
         if failed:
             # After every job ran: the sweep's exit status says that some input was wrong.
-            print(f"layoutsearch: error: {failed} of {len(table)} jobs failed; see {path}",
-                  file=sys.stderr)
+            _print_error(f"{failed} of {len(table)} jobs failed; see {path}")
             sys.exit(USER_ERROR_STATUS)
 
 
@@ -238,7 +241,7 @@ def _app(cfg: DictConfig) -> None:
         if hydra_config.mode != RunMode.MULTIRUN:
             _fail(error)
         # One wrong job of a sweep must not stop the others: record it and go on.
-        print(f"layoutsearch: error: {error}", file=sys.stderr)
+        _print_error(error)
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / ERROR_FILE).write_text(f"{error}\n")
 

@@ -116,7 +116,7 @@ def validate_measurements(frame: pd.DataFrame, source: str = "measurements",
         if unknown.any():
             i = _first(unknown)
             name = str(out["gpu"].iloc[i])
-            raise _fail(source, i, "gpu", unknown_name_message("gpu", name, sorted(gpus)))
+            raise _fail(source, i, "gpu", unknown_name_message("gpu", name, gpus))
     return out
 
 

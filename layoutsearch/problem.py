@@ -35,10 +35,9 @@ def require_a_dividing_batch(job: Job, candidates: pd.DataFrame) -> None:
     batch = job.global_batch_size
     if len(per_step) == 0 or (batch % per_step == 0).any():
         return
-    below = (batch // per_step) * per_step
-    above = below + per_step
-    nearest = sorted({int(below[below > 0].max())} if (below > 0).any() else set())
-    nearest.append(int(above.min()))
+    below = (batch // per_step) * per_step  # 0 where the step exceeds the batch
+    nearest = [int(below.max())] if below.max() > 0 else []
+    nearest.append(int((below + per_step).min()))
     raise LayoutSearchError(
         f"global_batch_size={batch}: no layout of the space divides it into micro-batches "
         f"(it must be a multiple of micro_batch_size·dp, and micro_batch_size·dp is at least "

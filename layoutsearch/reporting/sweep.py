@@ -101,7 +101,7 @@ def write_summary(table: pd.DataFrame, sweep_dir: Path) -> Path:
         for _, r in table.iterrows():
             fits = bool(r.get("fits", False)) if pd.notna(r.get("fits")) else False
             error = r.get("error")
-            failed = isinstance(error, str) and bool(error)
+            failed = pd.notna(error)
             rows.append([
                 f"[{r['job']}]({r['job']}/{ERROR_FILE if failed else 'report.md'})",
                 r["overrides"] or "(defaults)",
