@@ -10,9 +10,12 @@ turns that into a status and figures; launchers never interpret output.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +67,29 @@ class DryRunLauncher:
         return TrialLog(text=f"dry run: wrote {path}", returncode=None, ran=False)
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _stop_with_parent() -> Callable[[], None] | None:
+    """A pre-exec hook that has the kernel send SIGTERM to torchrun when the search dies.
+
+    A trial runs in a session of its own (so that a timeout can kill every rank), which also
+    shields it from the signals that stop the search; without this a search killed with
+    SIGKILL leaves its trial training on the GPUs. torchrun answers SIGTERM by stopping its
+    ranks. Linux only (prctl(2)); elsewhere None. The libc function is looked up here, in
+    the parent: the hook runs between fork and exec, where only the bare call is safe.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    prctl = libc.prctl
+
+    def hook() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+    return hook
+
+
 class LocalLauncher:
     """torchrun as a subprocess on this node, with a wall-clock limit and a log per trial."""
 
@@ -89,7 +115,8 @@ class LocalLauncher:
                 # A session of its own, so that a timeout kills torchrun and every rank.
                 process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                            cwd=self.settings.megatron_path,
-                                           start_new_session=True)
+                                           start_new_session=True,
+                                           preexec_fn=_stop_with_parent())
             except OSError as error:
                 log.write(f"error: cannot start {argv[0]!r}: {error}\n")
                 return TrialLog(text=f"error: cannot start {argv[0]!r}: {error}", returncode=127)
@@ -100,6 +127,11 @@ class LocalLauncher:
                 timed_out = True
                 os.killpg(process.pid, signal.SIGKILL)
                 returncode = process.wait()
+            except BaseException:
+                # Ctrl-C or an error in the search: the trial must not train on, unwatched.
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                raise
         return TrialLog(text=trial.log_path.read_text(errors="replace"),
                         returncode=returncode, timed_out=timed_out)
 

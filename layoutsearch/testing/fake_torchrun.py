@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 
@@ -52,8 +53,21 @@ def main(argv: list[str]) -> int:
         print(f"{sys.executable}: can't open file {args.script!r}: [Errno 2] No such file or "
               "directory", flush=True)
         return 2
-    code = subprocess.run([sys.executable, args.script, *args.script_args], env=env,
-                          check=False).returncode
+    rank = subprocess.Popen([sys.executable, args.script, *args.script_args], env=env)
+    received: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        # As torchrun's elastic agent: pass the signal on to the ranks (the wait below ends
+        # when they have stopped), then exit with it.
+        received.append(signum)
+        rank.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    code = rank.wait()
+    if received:
+        print(f"torch.distributed.elastic.multiprocessing.api.SignalException: Process "
+              f"{os.getpid()} got signal: {received[0]}", flush=True)
+        return 128 + received[0]
     if code != 0:
         print("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", flush=True)
         print(f"  rank      : {world - 1} (local_rank: {args.nproc_per_node - 1})", flush=True)

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -65,17 +66,44 @@ layoutsearch.search(cost_model=model, model="llama_13b", num_gpus=64, seq_length
 """
 
 
+def trial_processes(workdir) -> list[int]:
+    """Pids of fake Megatron-LM processes launched for `workdir` (read from /proc)."""
+    marker = f"LAYOUTSEARCH_FAKE_LAUNCHES={workdir}".encode()
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in environ.read_bytes():
+                pids.append(int(environ.parent.name))
+        except OSError:  # gone, or not ours
+            continue
+    return pids
+
+
+def wait_until_no_trial_runs(workdir, seconds: float = 10.0) -> list[int]:
+    deadline = time.time() + seconds
+    while (running := trial_processes(workdir)) and time.time() < deadline:
+        time.sleep(0.05)
+    return running
+
+
+def wait_for_lines(path, lines: int, process) -> None:
+    deadline = time.time() + 60
+    while time.time() < deadline and process.poll() is None:
+        if path.is_file() and len(path.read_text().splitlines()) >= lines:
+            return
+        time.sleep(0.05)
+
+
 def test_a_killed_search_resumes_without_remeasuring(tmp_path):
     process = subprocess.Popen([sys.executable, "-c", SEARCH, str(tmp_path), "0.5"],
                                start_new_session=True)
     measurements = tmp_path / "measurements.csv"
-    deadline = time.time() + 60
-    while time.time() < deadline and process.poll() is None:
-        if measurements.is_file() and len(measurements.read_text().splitlines()) >= 2:
-            break
-        time.sleep(0.05)
+    wait_for_lines(measurements, 2, process)
+    wait_for_lines(tmp_path / "launches.txt", 2, process)  # the second trial is in flight
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
+    # The trial in flight dies with the search instead of training on, unwatched.
+    assert wait_until_no_trial_runs(tmp_path) == []
     recorded = read_measurements(measurements)
     assert len(recorded) == 1
     first = launches(tmp_path)[0]  # the launch whose row was recorded before the kill
@@ -83,10 +111,33 @@ def test_a_killed_search_resumes_without_remeasuring(tmp_path):
     after = read_measurements(measurements)
     assert len(after) == 2  # every layout exactly once
     assert not after.duplicated(subset=list(LAYOUT_COLUMNS)).any()
-    # The recorded layout was never launched again; only the missing one was (a trial in
-    # flight at the kill runs on, orphaned, and its result is never recorded).
+    # The recorded layout was never launched again; only the missing one was, again (the
+    # trial in flight at the kill was stopped and left no row).
     assert launches(tmp_path).count(first) == 1
     assert len(set(launches(tmp_path))) == 2
+
+
+INTERRUPTED = """
+import sys
+import layoutsearch
+from layoutsearch.testing import fake_measured_model
+model = fake_measured_model(sys.argv[1], top_k=2, inject="1=hang")
+try:
+    layoutsearch.search(cost_model=model, model="llama_13b", num_gpus=64, seq_length=2048,
+                        global_batch_size=2048, vocab_size=128000)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds trials in /proc")
+def test_ctrl_c_stops_the_trial_in_flight(tmp_path):
+    process = subprocess.Popen([sys.executable, "-c", INTERRUPTED, str(tmp_path)])
+    wait_for_lines(tmp_path / "launches.txt", 1, process)
+    assert trial_processes(tmp_path), "the hanging trial should be running"
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=30) == 130
+    assert wait_until_no_trial_runs(tmp_path) == []
 
 
 def test_measured_model_conforms_and_never_launches_what_megatron_cannot_run(tmp_path):
