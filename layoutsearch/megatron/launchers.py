@@ -180,6 +180,9 @@ class SlurmLauncher:
         try:
             results = job.results()
             returncode = max(int(r) for r in results) if results else 1
+        except KeyboardInterrupt:
+            job.cancel(check=False)  # Ctrl-C: the job must not hold the nodes, unwatched
+            raise
         except Exception as error:  # submitit raises on a failed or timed-out job
             timed_out = "TIMEOUT" in str(getattr(job, "state", "")) or "timed out" in str(error)
             returncode = 1

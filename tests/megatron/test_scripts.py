@@ -6,6 +6,7 @@ import shlex
 from pathlib import Path
 from typing import ClassVar
 
+import pytest
 from megatron_study import study_job, study_layout
 
 import layoutsearch
@@ -157,3 +158,28 @@ def test_slurm_launcher_submits_one_task_per_node(tmp_path):
     assert parameters["nodes"] == 16 and parameters["tasks_per_node"] == 1
     assert parameters["slurm_partition"] == "gpu" and env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     assert parse_log(log.text, returncode=log.returncode, warmup_iters=3).step_time_s == 1.5
+
+
+class InterruptedJob(FakeJob):
+    cancelled = False
+
+    def results(self):
+        raise KeyboardInterrupt
+
+    def cancel(self, check=True):
+        self.cancelled = True
+
+
+def test_ctrl_c_while_waiting_cancels_the_slurm_job(tmp_path):
+    job = InterruptedJob([])
+
+    class Executor(FakeExecutor):
+        def submit(self, function, *args):
+            return job
+
+    settings = MegatronSettings(launcher="slurm")
+    command = build_command(study_layout(128, 2, 4), study_job("llama_65b", 2048, 128), settings)
+    launcher = SlurmLauncher(settings, executor_factory=Executor)
+    with pytest.raises(KeyboardInterrupt):
+        launcher.run(Trial(name="t", command=command, log_path=tmp_path / "t.log"))
+    assert job.cancelled
