@@ -19,6 +19,7 @@ study's llama_13b, 64 A100 80GB, 2k sequence, global batch 2048, the paper space
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -61,9 +62,9 @@ def failures_and_prescreen(workdir: Path, top_k: int) -> None:
     print(f"measured best: {_label(measured.iloc[0])}  MFU {measured.iloc[0]['mfu']:.3f}"
           f"  -> same layout: {same}")
     print(f"launches: {len(launches(workdir))} (at most top_k={top_k}); wall time {seconds:.1f} s")
-    for row in recorded.itertuples():
-        note = f"  ({str(row.message).splitlines()[0][:70]})" if row.status != "ok" else ""
-        print(f"  {row.status:8s} {Layout.from_row(row._asdict()).describe()}{note}")
+    for _, row in recorded.iterrows():
+        note = f"  ({str(row['message']).splitlines()[0][:70]})" if row["status"] != "ok" else ""
+        print(f"  {row['status']:8s} {_label(row)}{note}")
     again_model = fake_measured_model(workdir, top_k=top_k)
     again = layoutsearch.search(cost_model=again_model, **JOB)
     print(f"the same search again over that file: {again_model.launched} launches, best "
@@ -71,17 +72,18 @@ def failures_and_prescreen(workdir: Path, top_k: int) -> None:
 
 
 CHILD = """
+import json
 import sys
 import layoutsearch
 from layoutsearch.testing import fake_measured_model
 model = fake_measured_model(sys.argv[1], top_k=int(sys.argv[2]), sleep_s=float(sys.argv[3]))
-layoutsearch.search(cost_model=model, model="llama_13b", num_gpus=64, seq_length=2048,
-                    global_batch_size=2048, vocab_size=128000, search_space="paper")
+layoutsearch.search(cost_model=model, **json.loads(sys.argv[4]))
 """
 
 
 def _search_argv(workdir: Path, sleep_s: float) -> list[str]:
-    return [sys.executable, "-c", CHILD, str(workdir), str(RESUME_TOP_K), str(sleep_s)]
+    return [sys.executable, "-c", CHILD, str(workdir), str(RESUME_TOP_K), str(sleep_s),
+            json.dumps(JOB)]
 
 
 def kill_and_resume(workdir: Path) -> None:

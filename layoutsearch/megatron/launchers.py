@@ -11,7 +11,6 @@ turns that into a status and figures; launchers never interpret output.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import signal
 import subprocess
@@ -77,12 +76,12 @@ def _stop_with_parent() -> Callable[[], None] | None:
     shields it from the signals that stop the search; without this a search killed with
     SIGKILL leaves its trial training on the GPUs. torchrun answers SIGTERM by stopping its
     ranks. Linux only (prctl(2)); elsewhere None. The libc function is looked up here, in
-    the parent: the hook runs between fork and exec, where only the bare call is safe.
+    the parent (the process's own symbols include libc's): the hook runs between fork and
+    exec, where only the bare call is safe.
     """
     if not sys.platform.startswith("linux"):
         return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    prctl = libc.prctl
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
 
     def hook() -> None:
         prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
@@ -122,18 +121,17 @@ class LocalLauncher:
                 return TrialLog(text=f"error: cannot start {argv[0]!r}: {error}", returncode=127)
             timed_out = False
             try:
-                returncode: int | None = process.wait(timeout=self.settings.timeout_s)
+                process.wait(timeout=self.settings.timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                os.killpg(process.pid, signal.SIGKILL)
-                returncode = process.wait()
-            except BaseException:
-                # Ctrl-C or an error in the search: the trial must not train on, unwatched.
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-                raise
+            finally:
+                if process.returncode is None:
+                    # Timed out, Ctrl-C or an error in the search: the trial must not train
+                    # on, unwatched.
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
         return TrialLog(text=trial.log_path.read_text(errors="replace"),
-                        returncode=returncode, timed_out=timed_out)
+                        returncode=process.returncode, timed_out=timed_out)
 
 
 def _run_node(argv: list[str], env: dict[str, str], cwd: str) -> int:
