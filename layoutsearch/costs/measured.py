@@ -200,6 +200,13 @@ class MeasuredCostModel:
         if errors:
             return f"not measured: Megatron-LM would reject the command: {errors[0]}"
         name = _trial_name(row)
+        problem = self.launcher.preflight(command)
+        if problem:
+            # A setup problem holds for every layout of the search: stop, record nothing.
+            raise LayoutSearchError(
+                f"cost_models=measured cannot launch with launcher={self.launcher.name}: "
+                f"{problem}. Nothing was launched for {name}; the measurements already in "
+                f"{self.file.path} are kept, and the same command resumes from them")
         log_path = Path(self.settings.log_dir) / f"{name}.log"
         outcome = self.launcher.run(Trial(name=name, command=command, log_path=log_path))
         if not outcome.ran:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,7 +50,23 @@ class TrialLog:
 class Launcher(Protocol):
     name: str
 
+    def preflight(self, command: MegatronCommand) -> str | None:
+        """Why this launcher cannot start the command at all (None: it can).
+
+        A setup problem (no checkout, no torchrun, too many nodes) is not a measurement
+        of the layout: the measured cost model stops on it instead of recording it.
+        """
+        ...
+
     def run(self, trial: Trial) -> TrialLog: ...
+
+
+def _missing_script(settings: MegatronSettings) -> str | None:
+    script = settings.script_path
+    if script.is_file():
+        return None
+    return (f"megatron_path={settings.megatron_path!r}: {script} does not exist; set "
+            f"megatron_path (cost_models/megatron.yaml) to a Megatron-LM checkout")
 
 
 class DryRunLauncher:
@@ -59,6 +76,9 @@ class DryRunLauncher:
 
     def __init__(self, settings: MegatronSettings) -> None:
         self.settings = settings
+
+    def preflight(self, command: MegatronCommand) -> str | None:
+        return None  # a script can be written for any layout, wherever Megatron-LM is
 
     def run(self, trial: Trial) -> TrialLog:
         path = write_script(trial.command, self.settings, trial.log_path.with_suffix(".sh"),
@@ -99,13 +119,22 @@ class LocalLauncher:
         self.max_nodes = max_nodes
         """Nodes one torchrun may span (1 on a real node; None for a fake cluster)."""
 
+    def preflight(self, command: MegatronCommand) -> str | None:
+        if self.max_nodes is not None and command.nodes > self.max_nodes:
+            return (f"the local launcher runs one node; this job needs {command.num_gpus} "
+                    f"GPUs, {command.nodes} nodes of {command.gpus_per_node} (use "
+                    f"launcher=slurm, or a job of at most {command.gpus_per_node} GPUs)")
+        program = self.settings.launch_prefix()[0]
+        if shutil.which(program) is None:
+            return (f"the launcher program {program!r} is not found (settings python or "
+                    f"torchrun, cost_models/megatron.yaml)")
+        return _missing_script(self.settings)
+
     def run(self, trial: Trial) -> TrialLog:
         command = trial.command
-        if self.max_nodes is not None and command.nodes > self.max_nodes:
-            return TrialLog(
-                text=f"the local launcher runs one node; this layout needs {command.nodes} "
-                f"nodes of {command.gpus_per_node} GPUs (use launcher=slurm)",
-                returncode=None, ran=False)
+        problem = self.preflight(command)
+        if problem:
+            return TrialLog(text=problem, returncode=None, ran=False)
         argv = torchrun_argv(command, self.settings)
         trial.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **command.env}
@@ -117,8 +146,10 @@ class LocalLauncher:
                                            start_new_session=True,
                                            preexec_fn=_stop_with_parent())
             except OSError as error:
+                # The launcher itself did not start: nothing about the layout was learned.
                 log.write(f"error: cannot start {argv[0]!r}: {error}\n")
-                return TrialLog(text=f"error: cannot start {argv[0]!r}: {error}", returncode=127)
+                return TrialLog(text=f"cannot start {argv[0]!r}: {error}", returncode=None,
+                                ran=False)
             timed_out = False
             try:
                 process.wait(timeout=self.settings.timeout_s)
@@ -162,6 +193,11 @@ class SlurmLauncher:
                 ) from None
             executor_factory = lambda folder: submitit.AutoExecutor(folder=folder)  # noqa: E731
         self.executor_factory = executor_factory
+
+    def preflight(self, command: MegatronCommand) -> str | None:
+        # The nodes see the submitting host's file system (the checkout is shared), so a
+        # script missing here is missing there.
+        return _missing_script(self.settings)
 
     def run(self, trial: Trial) -> TrialLog:
         command = trial.command

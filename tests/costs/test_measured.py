@@ -162,3 +162,38 @@ def test_config_file_builds_the_model(tmp_path):
     assert model.settings.launcher == "dry_run"
     with pytest.raises(layoutsearch.LayoutSearchError, match="unknown setting"):
         build_cost_model("measured", topk=3)
+
+
+SMALL_JOB = dict(model="llama_7b", num_gpus=8, seq_length=2048, global_batch_size=64)
+
+
+@pytest.mark.parametrize("problem, change, message", [
+    ("no checkout", {"megatron_path": "no-such-checkout"},
+     r"megatron_path='no-such-checkout': .*pretrain_gpt.py does not exist"),
+    ("no launcher", {"torchrun": ("no-such-torchrun",)},
+     r"the launcher program 'no-such-torchrun' is not found"),
+])
+def test_a_setup_problem_stops_the_search_and_records_nothing(tmp_path, problem, change,
+                                                              message):
+    settings = fake_megatron_settings(tmp_path).replace(**change)
+    file = tmp_path / "measurements.csv"
+    model = MeasuredCostModel(settings=settings, measurements=file,
+                              prescreen=build_cost_model("analytic"), top_k=2)
+    with pytest.raises(layoutsearch.LayoutSearchError, match=message):
+        layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert not file.exists() and launches(tmp_path) == []
+    # Fixed, the same command measures: nothing wrong was remembered.
+    fixed = fake_measured_model(tmp_path, top_k=2)
+    ranked = layoutsearch.search(cost_model=fixed, **SMALL_JOB)
+    assert fixed.launched == 2 and ranked["fits"].sum() == 2
+
+
+def test_the_local_launcher_refuses_a_job_beyond_one_node_before_launching(tmp_path):
+    model = MeasuredCostModel(settings=fake_megatron_settings(tmp_path),
+                              measurements=tmp_path / "measurements.csv",
+                              prescreen=build_cost_model("analytic"), top_k=2)
+    with pytest.raises(layoutsearch.LayoutSearchError,
+                       match=r"runs one node; this job needs 64 GPUs, 8 nodes of 8 "
+                             r"\(use launcher=slurm"):
+        layoutsearch.search(cost_model=model, **JOB)
+    assert launches(tmp_path) == []
