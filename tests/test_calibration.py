@@ -153,6 +153,31 @@ def test_cli_writes_a_loadable_config_with_provenance(tmp_path, capsys):
     assert model.constants["a100_80gb"].gemm_efficiency == pytest.approx(0.7, rel=0.03)
 
 
+def test_cli_without_usable_runs_exits_2_with_the_reason(tmp_path, capsys):
+    runs = synthetic_runs(PRIOR["a100_80gb"]).assign(status="error", step_time_s=np.nan,
+                                                     mfu=np.nan)
+    path = tmp_path / "errors.csv"
+    runs.to_csv(path, index=False)
+    with pytest.raises(SystemExit) as stop:
+        main([str(path), "--out", str(tmp_path / "x.yaml")])
+    assert stop.value.code == 2
+    assert "no measured row has status ok or oom" in capsys.readouterr().err
+    assert not (tmp_path / "x.yaml").exists()
+
+
+def test_cli_on_one_job_fits_and_says_why_it_skips_cross_validation(tmp_path, capsys):
+    runs = synthetic_runs(PRIOR["a100_80gb"])
+    path = tmp_path / "one_job.csv"
+    runs[runs["model"] == "llama_7b"].to_csv(path, index=False)
+    out = tmp_path / "one.yaml"
+    assert main([str(path), "--out", str(out), "--free", "gemm_efficiency",
+                 "--max-evals", "10", "--memory-grid", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "cross-validation skipped: leave-one-job-out needs measurements of at least 2 " \
+           "jobs" in printed and "these rows hold 1" in printed
+    assert "held-out jobs" not in printed and out.is_file()
+
+
 def test_unknown_constant_is_named():
     runs = synthetic_runs(PRIOR["a100_80gb"])
     with pytest.raises(LayoutSearchError, match="gemm_eff"):

@@ -99,8 +99,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "within physical and published bounds",
         "in_sample_before": _figures(before), "in_sample_after": _figures(after),
     }
-    if not args.no_cv:
-        cv, pooled = cross_validate(rows, base, free, clusters=clusters, **settings)
+    try:
+        validated = None if args.no_cv else cross_validate(rows, base, free, clusters=clusters,
+                                                           **settings)
+    except LayoutSearchError as error:
+        print(f"cross-validation skipped: {error}")
+        validated = None
+    if validated is not None:
+        cv, pooled = validated
         print(f"leave-one-job-out: fit on the other jobs, score the held-out one "
               f"(prior = {args.base})")
         columns = ["model", "seq_length", "num_gpus",

@@ -63,6 +63,10 @@ def fit_constants(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
     if free is not None:
         _check_names(free)
     usable = _usable(rows, clusters)
+    if usable.empty:
+        raise LayoutSearchError(
+            f"no measured row has status ok or oom and passes the rules ({len(rows)} rows "
+            f"given): calibration needs runs that finished or ran out of memory")
     fitted = dict(base)
     for gpu, group in usable.groupby("gpu"):
         gpu = str(gpu)
@@ -113,6 +117,10 @@ def cross_validate(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
     """
     clusters = dict(clusters or clusters_by_gpu())
     keys = job_keys(rows)
+    if keys.nunique() < 2:
+        raise LayoutSearchError(
+            f"leave-one-job-out needs measurements of at least 2 jobs (model, seq_length, "
+            f"gpu, num_gpus, global_batch_size); these rows hold {keys.nunique()}")
     records, held_out = [], []
     for key in keys.unique():
         held, rest = rows[keys == key], rows[keys != key]
