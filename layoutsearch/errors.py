@@ -16,9 +16,34 @@ class LayoutSearchError(ValueError):
     """A user's input cannot be used; the message says which field, value and rule."""
 
 
+def closest_names(name: str, valid: Iterable[str]) -> list[str]:
+    """The valid names a mistyped `name` most likely meant, best first ([] if none is close).
+
+    Case is ignored. A name that starts a valid one is taken as cut short ('h100' meant
+    'h100_sxm'), which edit distance alone misses (it would offer 'h200'); among several,
+    the most similar ones are offered together ('a100': 'a100_40gb' and 'a100_80gb').
+    """
+    by_lower = {choice.lower(): choice for choice in valid}
+    key = name.lower()
+    if key in by_lower:
+        return [by_lower[key]]
+    ratio = {c: difflib.SequenceMatcher(None, key, c).ratio() for c in by_lower}
+    started = [c for c in by_lower if c.startswith(key)] if key else []
+    if started:
+        best = max(ratio[c] for c in started)
+        return sorted(by_lower[c] for c in started if ratio[c] == best)
+    close = difflib.get_close_matches(key, list(by_lower), n=1, cutoff=0.6)
+    return [by_lower[close[0]]] if close else []
+
+
 def unknown_name_message(kind: str, name: str, valid: Iterable[str]) -> str:
     """'unknown model 'llama13b'; did you mean 'llama_13b'? valid: ...'."""
     choices = sorted(valid)
-    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
-    hint = f" did you mean {close[0]!r}?" if close else ""
+    close = closest_names(name, choices)
+    if len(close) == 1:
+        hint = f" did you mean {close[0]!r}?"
+    elif close:
+        hint = f" did you mean one of {', '.join(repr(c) for c in close)}?"
+    else:
+        hint = ""
     return f"unknown {kind} {name!r};{hint} valid {kind} names: {', '.join(choices)}"
