@@ -51,8 +51,20 @@ _TRUE = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no":
 
 
 def _shown(value: object) -> str:
-    """A cell as the user wrote it: 2.5, not np.float64(2.5)."""
+    """A cell as the user wrote it: 2.5, not np.float64(2.5); an empty cell says so."""
+    if value is None or (isinstance(value, float | np.floating) and np.isnan(value)):
+        return "an empty cell"
     return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def _as_float(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
+    """A float column; empty cells become NaN, text that is not a number is named."""
+    numbers = pd.to_numeric(frame[column], errors="coerce")
+    bad = numbers.isna() & frame[column].notna() & (frame[column].astype(str).str.strip() != "")
+    if bad.any():
+        i = _first(bad)
+        raise _fail(source, i, column, f"{_shown(frame[column].iloc[i])} is not a number")
+    return numbers
 
 
 def _fail(source: str, row: int, column: str, message: str) -> LayoutSearchError:
@@ -109,7 +121,7 @@ def validate_measurements(frame: pd.DataFrame, source: str = "measurements",
             raise _fail(source, _first(blank), column, "is empty")
         out[column] = out[column].astype(str).str.strip()
     for column in FLOAT_COLUMNS:
-        out[column] = pd.to_numeric(out[column], errors="coerce")
+        out[column] = _as_float(out, column, source)
     _check_values(out, source)
     if gpus is not None:
         unknown = ~out["gpu"].isin(list(gpus))

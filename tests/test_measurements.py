@@ -76,6 +76,8 @@ def test_missing_file() -> None:
         ("sequence_parallel", "maybe", r"'maybe' is not a boolean"),
         ("tp", 2.5, r"2\.5 is not a positive integer"),
         ("micro_batch_size", "one", r"'one' is not a positive integer"),
+        ("tp", None, r"an empty cell is not a positive integer"),
+        ("step_time_s", "fast", r"'fast' is not a number"),
         ("seq_length", 0, r"0 is not a positive integer"),
         ("attention", "flash9", r"'flash9' must be one of torch, fused"),
         ("recompute", "half", r"'half' must be one of none"),
@@ -123,5 +125,6 @@ def test_an_empty_file_says_what_it_needs(tmp_path: Path) -> None:
 
 def test_ok_run_needs_a_step_time(measurement_row: dict[str, Any]) -> None:
     frame = pd.DataFrame([{**measurement_row, "step_time_s": None}])
-    with pytest.raises(LayoutSearchError, match=r"my runs: row 2, column 'step_time_s'"):
+    with pytest.raises(LayoutSearchError, match=r"my runs: row 2, column 'step_time_s': an "
+                                                r"empty cell must be a positive number"):
         validate_measurements(frame, source="my runs")
