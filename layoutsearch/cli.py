@@ -157,11 +157,85 @@ def _group_choices(override: Override) -> Iterator[str]:
 def _known_keys() -> dict[str, list[str]]:
     """Top-level settings, and the fields of those whose fields are fixed, for `check_key`."""
     primary = yaml.safe_load((CONF_DIR / "layoutsearch.yaml").read_text())
-    fields = {"model": ModelSpec, "cluster": ClusterSpec, "cluster.gpu": GPUSpec,
-              "search_spaces": SearchSpace}
-    known = {name: [f.name for f in dataclasses.fields(cls)] for name, cls in fields.items()}
+    known = {name: [f.name for f in dataclasses.fields(cls)] for name, cls in SPEC_FIELDS.items()}
     known[""] = sorted({*primary, *GROUP_DIRS} - {"defaults"})
     return known
+
+
+SPEC_FIELDS = {"model": ModelSpec, "cluster": ClusterSpec, "cluster.gpu": GPUSpec,
+               "search_spaces": SearchSpace}
+"""Config nodes whose every field a user may set, whether or not the YAML spells it out."""
+
+
+def _chosen_options(group: str, overrides: Sequence[Override]) -> list[str]:
+    """The options of `group` the command selects: its `group=` choices, else the default."""
+    chosen = [choice for o in overrides if o.key_or_group == group for choice in _group_choices(o)]
+    if chosen:
+        return chosen
+    primary = yaml.safe_load((CONF_DIR / "layoutsearch.yaml").read_text())
+    return [str(d[group]) for d in primary["defaults"] if isinstance(d, dict) and group in d]
+
+
+def _option_config(group: str, option: str) -> dict[str, Any]:
+    path = GROUP_DIRS[group]() / f"{option}.yaml"
+    config = yaml.safe_load(path.read_text()) if path.is_file() else None
+    return config if isinstance(config, dict) else {}
+
+
+def _driver_settings(overrides: Sequence[Override]) -> tuple[str, list[str]]:
+    """The driver the command selects (the default's unless `driver=` says) and its keys."""
+    name = _chosen_options("driver", overrides)[-1]
+    return name, list(_option_config("driver", name))
+
+
+def check_driver_key(override: Override, driver: str, keys: Sequence[str]) -> None:
+    """`driver.n_trials=5` under the grid driver: say which driver has that setting."""
+    key = override.key_or_group
+    if not key.startswith("driver.") or override.type is OverrideType.DEL:
+        return
+    name = key.split(".", 1)[1].split(".")[0]
+    if name in keys:
+        return
+    owners = [d for d in group_options("driver") if name in _option_config("driver", d)]
+    if owners:
+        raise LayoutSearchError(
+            f"driver.{name}: driver={driver} has no setting {name!r}; it is a setting of "
+            f"{' and '.join(f'driver={d}' for d in owners)} (add driver={owners[0]})")
+    raise LayoutSearchError(unknown_name_message(f"driver={driver} setting", name, keys))
+
+
+def _left_to_defaults(override: Override, overrides: Sequence[Override]) -> bool:
+    """Whether `override` sets a spec field that a chosen option's YAML leaves out."""
+    parent, _, name = override.key_or_group.rpartition(".")
+    cls = SPEC_FIELDS.get(parent)
+    if cls is None or name not in {f.name for f in dataclasses.fields(cls)}:
+        return False
+    group, *inner = parent.split(".")
+    for option in _chosen_options(group, overrides):
+        node: Any = _option_config(group, option)
+        for key in inner:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or name not in node:
+            return True
+    return False
+
+
+def settable_spec_fields(argv: Sequence[str]) -> list[str]:
+    """`argv` with `model.X=v` made `++model.X=v` where the chosen YAML leaves field X out.
+
+    The catalog's YAML files spell out the fields that differ between models and leave
+    the rest to the spec's defaults, so Hydra's struct mode would refuse to set those
+    (`model.position_embedding_type=rope`); `++` sets a key whether or not it is there.
+    """
+    args = get_args_parser().parse_args(list(argv))
+    parser = OverridesParser.create()
+    try:
+        overrides = parser.parse_overrides(overrides=args.overrides)
+    except HydraException:
+        return list(argv)  # a syntax error: Hydra explains it
+    given = dict(zip(args.overrides, overrides, strict=True))
+    return [f"++{item}" if item in given and given[item].type is OverrideType.CHANGE
+            and _left_to_defaults(given[item], overrides) else item for item in argv]
 
 
 def check_key(override: Override, known: Mapping[str, list[str]]) -> None:
@@ -194,11 +268,17 @@ def check_group_choices(argv: Sequence[str]) -> None:
     if args.config_dir or any(o.key_or_group == "hydra.searchpath" for o in overrides):
         return
     known = _known_keys()
+    driver, driver_keys = _driver_settings(overrides)
     for override in overrides:
         check_key(override, known)
+        check_driver_key(override, driver, driver_keys)
         if override.key_or_group not in GROUP_DIRS or override.type is OverrideType.DEL:
             continue
         options = group_options(override.key_or_group)
+        if override.value() in (None, ""):
+            group = override.key_or_group
+            raise LayoutSearchError(f"{group}={override.value() or 'null'}: a {group} must be "
+                                    f"chosen; options: {', '.join(options)}")
         for choice in _group_choices(override):
             if choice not in options:
                 raise LayoutSearchError(
@@ -252,6 +332,7 @@ def main() -> None:
         check_group_choices(sys.argv[1:])
     except LayoutSearchError as error:
         _fail(error)
+    sys.argv[1:] = settable_spec_fields(sys.argv[1:])
     _app()
 
 

@@ -18,7 +18,13 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from layoutsearch import search
-from layoutsearch.cli import GROUP_DIRS, check_group_choices, group_options, run
+from layoutsearch.cli import (
+    GROUP_DIRS,
+    check_group_choices,
+    group_options,
+    run,
+    settable_spec_fields,
+)
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.results import RESULT_COLUMNS
@@ -148,6 +154,37 @@ def test_group_choices_are_checked_in_sweeps_too() -> None:
     with pytest.raises(LayoutSearchError, match="unknown cluster 'a100'"):
         check_group_choices(["cluster=a100"])
     check_group_choices(["-m", "model=llama_13b,llama_65b", "model.vocab_size=1000", "~driver"])
+
+
+def test_a_driver_setting_under_another_driver_names_the_driver_that_has_it() -> None:
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            "driver.n_trials: driver=grid has no setting 'n_trials'; it is a setting of "
+            "driver=optuna (add driver=optuna)")):
+        check_group_choices(["driver.n_trials=5"])
+    with pytest.raises(LayoutSearchError, match="did you mean 'n_trials'"):
+        check_group_choices(["driver=optuna", "driver.n_trial=5"])
+    check_group_choices(["driver=optuna", "driver.n_trials=5"])
+
+
+@pytest.mark.parametrize("override", ["model=null", "cluster=", "cost_models=null"])
+def test_an_empty_group_choice_lists_the_options(override: str) -> None:
+    group = override.split("=")[0]
+    with pytest.raises(LayoutSearchError, match=rf"{group}=null: a {group} must be chosen; "
+                                                r"options: "):
+        check_group_choices([override])
+
+
+def test_spec_fields_the_yaml_leaves_out_can_be_set(tmp_path: Path) -> None:
+    argv = ["-m", "model.position_embedding_type=rope", "model.num_layers=2", "top_k=1",
+            "cluster.gpu.memory_gib=94", FAST]
+    # Only the field the YAML leaves to the spec's default needs adding.
+    assert settable_spec_fields(argv) == [
+        "-m", "++model.position_embedding_type=rope", "model.num_layers=2", "top_k=1",
+        "cluster.gpu.memory_gib=94", FAST]
+    done = layoutsearch("model.add_bias_linear=true", FAST, f"hydra.run.dir={tmp_path}",
+                        cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "ranked.csv").is_file()
 
 
 def test_every_group_option_is_listed_by_name() -> None:
