@@ -22,7 +22,7 @@ from layoutsearch.errors import LayoutSearchError
 from layoutsearch.measurements import read_table, validate_measurements
 from layoutsearch.megatron import with_megatron_args
 from layoutsearch.problem import SearchProblem
-from layoutsearch.results import no_fit_message, rank
+from layoutsearch.results import headroom_note, no_fit_message, rank
 from layoutsearch.rules import violations
 from layoutsearch.space import KNOBS, SearchSpace
 from layoutsearch.specs import ClusterSpec, Job, ModelSpec
@@ -121,6 +121,7 @@ def search(
     message = no_fit_message(ranked, job)
     ranked.attrs["job"] = job
     ranked.attrs["message"] = message or ""
+    ranked.attrs["headroom_note"] = headroom_note(ranked)
     if message:
         warnings.warn(message, NoLayoutFitsWarning, stacklevel=2)
     return ranked

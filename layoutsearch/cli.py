@@ -55,7 +55,8 @@ GROUP_DIRS: dict[str, Callable[[], Path]] = {
 }
 """Config group -> the folder of its options (one YAML file each)."""
 
-SUMMARY_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "peak_memory_gib", "fits", "reason")
+SUMMARY_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "peak_memory_gib", "headroom_gib",
+                   "fits", "reason")
 
 Emitter = Callable[..., object]
 EMITTERS: dict[str, Emitter] = {"megatron": emit_megatron}
@@ -118,10 +119,12 @@ def report(ranked: pd.DataFrame, space: SearchSpace, top_k: int) -> str:
         f"search space {space.name!r}: {len(ranked)} layouts, {fits} fit",
         "",
         f"top {min(top_k, len(ranked))}:",
-        _table(ranked.loc[: top_k - 1, list(SUMMARY_COLUMNS)]),
+        _table(ranked.loc[: top_k - 1, [c for c in SUMMARY_COLUMNS if c in ranked.columns]]),
     ]
     if not fits:
         return "\n".join([*lines, "", ranked.attrs["message"]])
+    if ranked.attrs.get("headroom_note"):
+        lines += ["", f"note: {ranked.attrs['headroom_note']}"]
     best = ranked.iloc[0]
     for prefix, unit, total in (("time", "s", "step_time_s"), ("memory", "gib", "peak_memory_gib")):
         parts = [c for c in ranked.columns if c.startswith(f"{prefix}_") and c.endswith(f"_{unit}")]

@@ -8,13 +8,39 @@ from __future__ import annotations
 
 import pandas as pd
 
-from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.specs import Job
 
 RESULT_COLUMNS = (
     *LAYOUT_COLUMNS, "mfu", "step_time_s", "tokens_per_s", "peak_memory_gib", "headroom_gib",
     "fits", "reason",
 )
+
+
+TIGHT_HEADROOM_GIB = 5.0
+"""GPU memory left free below which a predicted fit is a gamble: on the study's 736 ok/oom
+runs every wrong fit call of the shipped analytic model lay within 5 GiB of the limit."""
+
+
+def headroom_note(ranked: pd.DataFrame) -> str:
+    """A warning when the best layout fits with less than TIGHT_HEADROOM_GIB to spare, naming
+    the best layout with more room and what it costs; "" otherwise."""
+    if "headroom_gib" not in ranked.columns or ranked.empty or not bool(ranked["fits"].iloc[0]):
+        return ""
+    best = ranked.iloc[0]
+    if not best["headroom_gib"] < TIGHT_HEADROOM_GIB:
+        return ""
+    note = (f"the best layout leaves {best['headroom_gib']:.1f} GiB of GPU memory free; every "
+            f"wrong fit call on the study's runs lay within {TIGHT_HEADROOM_GIB:.0f} GiB of "
+            f"the limit, so it may run out of memory.")
+    roomy = ranked[ranked["fits"].astype(bool) & (ranked["headroom_gib"] >= TIGHT_HEADROOM_GIB)]
+    if roomy.empty:
+        return f"{note} No layout that fits leaves {TIGHT_HEADROOM_GIB:.0f} GiB."
+    safer = roomy.iloc[0]
+    layout = Layout.from_row({str(k): v for k, v in safer.items()}).describe()
+    gap = 100 * (best["mfu"] - safer["mfu"])
+    return (f"{note} The best with at least {TIGHT_HEADROOM_GIB:.0f} GiB free: {layout}, MFU "
+            f"{safer['mfu']:.3f} ({gap:.1f} points lower, {safer['headroom_gib']:.1f} GiB free).")
 
 
 def rank(scored: pd.DataFrame) -> pd.DataFrame:

@@ -9,7 +9,7 @@ import pandas as pd
 
 from layoutsearch.catalog import load_cluster, load_model
 from layoutsearch.layout import Layout
-from layoutsearch.results import RESULT_COLUMNS, no_fit_message, rank
+from layoutsearch.results import RESULT_COLUMNS, headroom_note, no_fit_message, rank
 from layoutsearch.specs import Job
 
 JOB = Job(model=load_model("llama_13b"), cluster=load_cluster("a100_80gb"), num_gpus=64,
@@ -90,3 +90,23 @@ def test_memory_message_does_not_suggest_what_was_tried() -> None:
     message = no_fit_message(table, JOB)
     assert message is not None
     assert message.endswith("; use more GPUs or GPUs with more memory")
+
+
+def test_a_tight_best_layout_names_the_best_one_with_room() -> None:
+    ranked = rank(scored([
+        {"tp": 1, "mfu": 0.60, "fits": True, "headroom_gib": 0.5},
+        {"tp": 2, "mfu": 0.58, "fits": True, "headroom_gib": 3.0},
+        {"tp": 4, "mfu": 0.55, "fits": True, "headroom_gib": 12.0},
+    ]))
+    note = headroom_note(ranked)
+    assert note.startswith("the best layout leaves 0.5 GiB of GPU memory free;")
+    assert note.endswith("The best with at least 5 GiB free: tp4 pp1 dp1 mb1 flash2 "
+                         "recompute=none, MFU 0.550 (5.0 points lower, 12.0 GiB free).")
+
+
+def test_no_headroom_note_with_room_or_without_a_memory_estimate() -> None:
+    roomy = rank(scored([{"tp": 1, "mfu": 0.6, "fits": True, "headroom_gib": 5.0}]))
+    assert headroom_note(roomy) == ""
+    assert headroom_note(rank(scored([{"tp": 1, "mfu": 0.6, "fits": True}]))) == ""
+    tight = rank(scored([{"tp": 1, "mfu": 0.6, "fits": True, "headroom_gib": 1.0}]))
+    assert headroom_note(tight).endswith("No layout that fits leaves 5 GiB.")

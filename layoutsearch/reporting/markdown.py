@@ -68,6 +68,9 @@ def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
     message = ranked.attrs.get("message", "")
     if message:
         lines += [f"**Nothing fits.** {message}", ""]
+    headroom = ranked.attrs.get("headroom_note", "")
+    if headroom:
+        lines += [f"**Memory headroom.** {headroom[0].upper()}{headroom[1:]}", ""]
     return lines
 
 

@@ -33,6 +33,8 @@ def test_report_writes_markdown_and_figures(ranked: pd.DataFrame, tmp_path: Path
     assert f"{100 * ranked['mfu'].iloc[0]:.1f}" in text
     assert "64 × a100_80gb" in text
     assert "--micro-batch-size" in text  # the winner's Megatron-LM arguments
+    # This job's best layout fills its GPUs to within 0.1 GiB: the report says so.
+    assert "**Memory headroom.** The best layout leaves 0.0 GiB of GPU memory free" in text
 
 
 def test_report_of_a_paper_driver_result(tmp_path: Path) -> None:
