@@ -60,7 +60,8 @@ def collect_sweep(sweep_dir: Path) -> pd.DataFrame:
         row.update({c: best[c] for c in BEST_COLUMNS if c in best.index})
         row["layout"] = label(best) if bool(best["fits"]) else ""
         rows.append(row)
-    return pd.DataFrame(rows)
+    # A failed job has no sizes: nullable integers keep the others' 8 from becoming 8.0.
+    return pd.DataFrame(rows).convert_dtypes()
 
 
 def _job_key(sweep_dir: Path, output: Path) -> tuple[Any, ...]:

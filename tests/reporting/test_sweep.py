@@ -56,6 +56,9 @@ def test_a_job_that_failed_is_listed_with_its_error(tmp_path: Path) -> None:
     summary = write_summary(table, tmp_path).read_text()
     assert ("| [1](1/error.txt) | num_gpus=12 | error: job.num_gpus=12: must be a whole "
             "number of nodes |") in summary
+    # The failed job's empty sizes leave the others' integers as integers in the CSV.
+    written = (tmp_path / "multirun.csv").read_text().splitlines()
+    assert ",llama_13b,64,2048,2048," in written[1] and "64.0" not in written[1]
 
 
 def test_the_command_writes_the_sweep_table(tmp_path: Path) -> None:
