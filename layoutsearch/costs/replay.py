@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.measurements import MEASUREMENT_KEY, read_measurements
+from layoutsearch.measurements import JOB_KEY, MEASUREMENT_KEY, read_measurements
 from layoutsearch.specs import ClusterSpec
 
 KEY = MEASUREMENT_KEY
@@ -71,6 +71,25 @@ def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
     summary["status"] = failure.where(~ran, "ok")
     summary.loc[~ran, ["step_time_s", "mfu", "peak_memory_gib"]] = np.nan
     return summary.reset_index()
+
+
+def _unknown_job(job: pd.Series, measured_jobs: pd.DataFrame, source: str) -> str:
+    """Why a job has no runs in the file: its fields that differ from the file's nearest job.
+
+    A search over a job the file never measured (vocabulary 32000 against the study's
+    128000, say) would otherwise report every layout as merely unmeasured.
+    """
+    if measured_jobs.empty:
+        return f"unmeasured: {source} holds no runs"
+    differs = measured_jobs.ne(job[measured_jobs.columns].to_numpy(), axis=1).to_numpy()
+    closest = int(differs.sum(axis=1).argmin())
+    nearest = measured_jobs.iloc[closest]
+    fields = [f"{c} {job[c]} (nearest measured job: {nearest[c]})"
+              for c, differ in zip(measured_jobs.columns, differs[closest], strict=True)
+              if differ]
+    jobs = len(measured_jobs)
+    return (f"unmeasured: {source} has no runs of this job (it holds {jobs} other "
+            f"job{'s' * (jobs != 1)}), unlike the nearest one in " + ", ".join(fields))
 
 
 class ReplayCostModel:
@@ -132,6 +151,12 @@ class ReplayCostModel:
         reason[status == "unmeasured"] = (
             f"unmeasured: no measurement of this layout in {self.source}"
         )
+        measured_jobs = self.measured[list(JOB_KEY)].drop_duplicates().reset_index(drop=True)
+        job_keys = keys[list(JOB_KEY)]
+        known_job = job_keys.merge(measured_jobs.assign(_known=True), on=list(JOB_KEY),
+                                   how="left")["_known"].fillna(False).to_numpy(dtype=bool)
+        for i in np.flatnonzero(~known_job):
+            reason[i] = _unknown_job(job_keys.iloc[i], measured_jobs, self.source)
         return pd.DataFrame(
             {
                 "step_time_s": step,
