@@ -24,6 +24,8 @@ from layoutsearch.megatron.settings import MegatronSettings
 from layoutsearch.pipeline import stage_layers
 from layoutsearch.specs import ClusterSpec, Job, ModelSpec
 
+NULL_TOKENIZER_EOD = 1
+"""The end-of-document token Megatron-LM's NullTokenizer adds to its --vocab-size."""
 FLASH_KERNELS = ("flash2", "flash3")
 """Kernels Megatron-LM selects with `--attention-backend flash`: Transformer Engine's
 FlashAttention path, which runs FlashAttention 2, or 3 where `flash_attn_interface` is
@@ -227,8 +229,10 @@ def build_command(layout: Layout, job: Job,
         argv.append("--overlap-grad-reduce")
     argv += [
         # Synthetic data: arguments.py::_add_data_args / _add_tokenizer_args.
+        # NullTokenizer adds an end-of-document token to --vocab-size (its vocab_size is
+        # the argument + 1, megatron/training/tokenizer): one less gives the priced vocabulary.
         "--mock-data", "--tokenizer-type", "NullTokenizer",
-        "--vocab-size", str(model.vocab_size),
+        "--vocab-size", str(model.vocab_size - NULL_TOKENIZER_EOD),
         # A short, log-every-step run without evaluation or checkpoints.
         "--train-iters", str(settings.train_iters),
         "--log-interval", "1", "--log-throughput",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from layoutsearch.megatron.args import NULL_TOKENIZER_EOD
 from layoutsearch.megatron.validation import parse_argv
 
 
@@ -49,7 +50,8 @@ def row_of_argv(argv: Sequence[str], *, env: Mapping[str, str], world_size: int,
         "num_attention_heads": a.num_attention_heads,
         "num_query_groups": a.num_query_groups if a.group_query_attention
         else a.num_attention_heads,
-        "vocab_size": a.vocab_size,
+        "vocab_size": a.vocab_size + (NULL_TOKENIZER_EOD if a.tokenizer_type == "NullTokenizer"
+                                      else 0),
         "seq_length": a.seq_length,
         "swiglu": a.swiglu,
         "untie_embeddings": a.untie_embeddings_and_output_weights,

@@ -25,7 +25,9 @@ def test_the_study_best_layouts_pass_megatron_validation(model, seq, gpus, tp, p
     args = parse_argv(command.argv)
     assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size) == (tp, pp)
     assert args.global_batch_size == GLOBAL_TOKENS // seq
-    assert args.seq_length == seq and args.vocab_size == 128000
+    # NullTokenizer adds its end-of-document token: Megatron builds 128000 rows, as priced.
+    assert args.seq_length == seq and args.vocab_size == 127999
+    assert args.tokenizer_type == "NullTokenizer"
     assert args.attention_backend == "flash" and args.transformer_impl == "transformer_engine"
     assert args.recompute_granularity is None and args.bf16 and args.mock_data
     assert (command.env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1") == (tp > 1)

@@ -23,5 +23,5 @@ def test_emit_megatron_writes_scripts_into_the_run_directory(tmp_path: Path) -> 
     argv = shlex.split(scripts[0].read_text().strip().splitlines()[-1])
     script = next(i for i, a in enumerate(argv) if a.endswith("pretrain_gpt.py"))
     args = parse_argv(argv[script + 1:])
-    assert args.num_layers == 40 and args.vocab_size == 128000
+    assert args.num_layers == 40 and args.vocab_size + 1 == 128000  # + NullTokenizer EOD
     assert "Megatron-LM launch scripts" in done.stdout
