@@ -42,7 +42,8 @@ def test_unknown_names_list_valid_names_and_the_closest() -> None:
     message = str(error.value)
     assert "unknown model 'llama13b'; did you mean 'llama_13b'?" in message
     assert "llama3_8b" in message and "gpt3_175b" in message
-    with pytest.raises(LayoutSearchError, match=r"unknown cluster 'a100'; did you mean 'a100_"):
+    with pytest.raises(LayoutSearchError, match=r"unknown cluster 'a100'; did you mean one "
+                                                r"of 'a100_40gb', 'a100_80gb'\?"):
         load_cluster("a100")
     with pytest.raises(LayoutSearchError, match=r"unknown cluster 'tpu'; valid cluster names: "):
         load_cluster("tpu")
