@@ -42,7 +42,8 @@ class MegatronSettings:
     warmup_iters: int = 3
     """Logged iterations dropped before averaging (allocator, NCCL and kernel warm-up)."""
     timeout_s: float = 1800.0
-    """Wall-clock limit of one trial; a trial past it is killed and recorded as `timeout`."""
+    """Wall-clock limit of one trial; a trial past it is killed and recorded as `timeout`.
+    An emitted sbatch script raises it to the layout's predicted run (`scripts.sbatch_script`)."""
     master_port: int = 29500
     """Rendezvous port of torchrun."""
     overlap_grad_reduce: bool = True

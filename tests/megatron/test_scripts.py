@@ -10,6 +10,7 @@ import pytest
 from megatron_study import study_job, study_layout
 
 import layoutsearch
+from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.megatron import (
     DryRunLauncher,
@@ -61,6 +62,99 @@ def test_multi_node_sbatch_script_uses_slurm_rendezvous(tmp_path):
     argv = shlex.split(srun)
     script = argv.index(str(settings.script_path))
     assert validate_argv(argv[script + 1:], env=command.env, world_size=128) == []
+
+
+def _sbatch(slurm: dict | None = None, step_time_s: float | None = None) -> list[str]:
+    """The lines of a 16-node sbatch script (llama_65b, 128 GPUs) with these Slurm settings."""
+    from layoutsearch.megatron.scripts import sbatch_script
+    settings = MegatronSettings(slurm=slurm or {})
+    command = build_command(study_layout(128, 2, 4), study_job("llama_65b", 2048, 128), settings)
+    return sbatch_script(command, settings, step_time_s=step_time_s).splitlines()
+
+
+def test_sbatch_boolean_slurm_settings_are_bare_flags_or_left_out():
+    lines = _sbatch({"slurm_exclusive": True, "slurm_requeue": False, "slurm_mem": 0,
+                     "slurm_partition": None})
+    assert "#SBATCH --exclusive" in lines and "#SBATCH --mem=0" in lines
+    assert not any("True" in line or "False" in line or "requeue" in line for line in lines)
+    assert not any("partition" in line for line in lines)  # None: unset, as in submitit
+
+
+def test_sbatch_spreads_submitit_additional_parameters_one_line_each():
+    lines = _sbatch({"slurm_additional_parameters": {
+        "mail_type": "END", "reservation": "my res", "overcommit": True, "requeue": False}})
+    directives = [line for line in lines if line.startswith("#SBATCH")]
+    assert directives[-3:] == ["#SBATCH --mail-type=END", "#SBATCH --reservation='my res'",
+                               "#SBATCH --overcommit"]
+    assert not any("additional" in line or "requeue" in line for line in lines)
+
+
+@pytest.mark.parametrize(("slurm", "named"), [
+    ({"slurm_nodelist": ["a", "b"]}, "megatron.slurm.slurm_nodelist=['a', 'b']"),
+    ({"slurm_gres": {"gpu": 8}}, "megatron.slurm.slurm_gres={'gpu': 8}"),
+    ({"slurm_additional_parameters": {"gres": {"gpu": 8}}},
+     "megatron.slurm.slurm_additional_parameters.gres={'gpu': 8}"),
+])
+def test_sbatch_rejects_list_and_mapping_slurm_values(slurm, named):
+    with pytest.raises(LayoutSearchError) as caught:
+        _sbatch(slurm)
+    message = str(caught.value)
+    assert named in message and "only slurm_additional_parameters may be a mapping" in message
+
+
+def test_sbatch_additional_parameters_must_be_a_mapping():
+    with pytest.raises(LayoutSearchError, match=r"slurm_additional_parameters='--qos=high': "
+                       "must be a mapping of sbatch option to value"):
+        _sbatch({"slurm_additional_parameters": "--qos=high"})
+
+
+@pytest.mark.parametrize(("step_time_s", "time"), [
+    (None, "00:30:00"),    # no prediction: timeout_s (1800 s)
+    (100.0, "00:30:00"),   # 10 x 100 s + 600 s = 1600 s fits in timeout_s
+    (207.0, "00:45:00"),   # 10 x 207 s + 600 s = 2670 s, rounded up to 45 min
+    (600.0, "01:50:00"),   # 10 x 600 s + 600 s = 6600 s
+])
+def test_sbatch_time_covers_the_predicted_run(step_time_s, time):
+    lines = _sbatch(step_time_s=step_time_s)
+    assert [line for line in lines if line.startswith("#SBATCH --time")] == [
+        f"#SBATCH --time={time}"]
+    assert not any(line.startswith("# warning") for line in lines)
+
+
+@pytest.mark.parametrize(("value", "below"), [
+    ("00:30:00", "00:30:00"), (30, "00:30:00"), ("44:00", "00:44:00"), ("0-0:40", "00:40:00"),
+    ("00:45:00", None), (60, None), ("1-00", None), ("UNLIMITED", None), (0, None),
+])
+def test_explicit_slurm_time_is_kept_and_warned_when_below_the_prediction(value, below):
+    # The prediction: 10 iterations x 207 s + 600 s start-up = 2670 s, 00:45:00.
+    lines = _sbatch({"slurm_time": value}, step_time_s=207.0)
+    assert [line for line in lines if line.startswith("#SBATCH --time")] == [
+        f"#SBATCH --time={value}"]
+    warnings = [line for line in lines if line.startswith("# warning")]
+    assert warnings == ([] if below is None else [
+        f"# warning: slurm_time={value} ({below}) is below the predicted run time 00:45:00 "
+        "(10 iterations x 207.0 s + 600 s start-up); Slurm may kill the job before it ends"])
+
+
+def test_explicit_slurm_time_must_be_an_sbatch_time():
+    with pytest.raises(LayoutSearchError, match=r"megatron.slurm.slurm_time='half an hour': "
+                       "not an sbatch time"):
+        _sbatch({"slurm_time": "half an hour"}, step_time_s=207.0)
+
+
+@pytest.mark.parametrize("step_time_s", [float("nan"), float("inf"), 0.0, -1.0])
+def test_predicted_step_time_must_be_positive_and_finite(step_time_s):
+    with pytest.raises(LayoutSearchError, match=r"step_time_s=.*: must be a positive, finite "
+                       "number of seconds"):
+        _sbatch(step_time_s=step_time_s)
+
+
+def test_launch_scripts_of_ranked_rows_get_time_for_their_predicted_steps(tmp_path):
+    ranked = layoutsearch.search(model="llama_65b", num_gpus=128, seq_length=2048,
+                                 global_batch_size=2048, vocab_size=128000)
+    ranked = ranked.head(1).assign(step_time_s=207.0)
+    path, = write_launch_scripts(ranked, ranked.attrs["job"], tmp_path, top_k=1)
+    assert "#SBATCH --time=00:45:00" in path.read_text().splitlines()
 
 
 def test_ranked_results_carry_commands_and_scripts(tmp_path):
