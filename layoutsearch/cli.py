@@ -157,9 +157,14 @@ def _group_choices(override: Override) -> Iterator[str]:
         yield value
 
 
+def _primary_config() -> dict[str, Any]:
+    """`conf/layoutsearch.yaml` as written: its settings and its group defaults."""
+    return cast(dict[str, Any], yaml.safe_load((CONF_DIR / "layoutsearch.yaml").read_text()))
+
+
 def _known_keys() -> dict[str, list[str]]:
     """Top-level settings, and the fields of those whose fields are fixed, for `check_key`."""
-    primary = yaml.safe_load((CONF_DIR / "layoutsearch.yaml").read_text())
+    primary = _primary_config()
     known = {name: [f.name for f in dataclasses.fields(cls)] for name, cls in SPEC_FIELDS.items()}
     known[""] = sorted({*primary, *GROUP_DIRS} - {"defaults"})
     return known
@@ -175,7 +180,7 @@ def _chosen_options(group: str, overrides: Sequence[Override]) -> list[str]:
     chosen = [choice for o in overrides if o.key_or_group == group for choice in _group_choices(o)]
     if chosen:
         return chosen
-    primary = yaml.safe_load((CONF_DIR / "layoutsearch.yaml").read_text())
+    primary = _primary_config()
     return [str(d[group]) for d in primary["defaults"] if isinstance(d, dict) and group in d]
 
 

@@ -151,12 +151,16 @@ class ReplayCostModel:
         reason[status == "unmeasured"] = (
             f"unmeasured: no measurement of this layout in {self.source}"
         )
+        # One message per job the file never measured (a search has one job, many rows).
         measured_jobs = self.measured[list(JOB_KEY)].drop_duplicates().reset_index(drop=True)
-        job_keys = keys[list(JOB_KEY)]
-        known_job = job_keys.merge(measured_jobs.assign(_known=True), on=list(JOB_KEY),
-                                   how="left")["_known"].fillna(False).to_numpy(dtype=bool)
-        for i in np.flatnonzero(~known_job):
-            reason[i] = _unknown_job(job_keys.iloc[i], measured_jobs, self.source)
+        job_keys = keys[list(JOB_KEY)].reset_index(drop=True)
+        known = job_keys.merge(measured_jobs.assign(_known=True), on=list(JOB_KEY),
+                               how="left")["_known"].fillna(False).to_numpy(dtype=bool)
+        unknown = job_keys[~known]
+        for job, rows in unknown.groupby(list(JOB_KEY), sort=False).groups.items():
+            message = _unknown_job(pd.Series(job, index=list(JOB_KEY)), measured_jobs,
+                                   self.source)
+            reason[np.asarray(rows)] = message
         return pd.DataFrame(
             {
                 "step_time_s": step,
