@@ -85,11 +85,16 @@ class ModelSpec:
     """`rope` (no parameters) or `learned_absolute` (a max_position_embeddings × h table)."""
     max_position_embeddings: int = 2048
     """Rows of the learned position table; unused with rope."""
+    rotary_base: int = 10000
+    """RoPE base θ (Su et al. 2021: 10,000; Llama 3 trains with 500,000); Megatron-LM's
+    `--rotary-base`. It changes no FLOP or byte, but a command with the wrong base trains
+    another model."""
 
     def __post_init__(self) -> None:
         owner = f"model {self.name!r}"
         for name in ("num_layers", "hidden_size", "ffn_hidden_size",
-                     "num_attention_heads", "vocab_size", "max_position_embeddings"):
+                     "num_attention_heads", "vocab_size", "max_position_embeddings",
+                     "rotary_base"):
             _require_positive_int(owner, name, getattr(self, name))
         if self.num_query_groups is not None:
             _require_positive_int(owner, "num_query_groups", self.num_query_groups)

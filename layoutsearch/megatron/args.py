@@ -89,6 +89,8 @@ def _model_args(model: ModelSpec, seq_length: int) -> list[str]:
         "--position-embedding-type", model.position_embedding_type,
         "--normalization", model.normalization,
     ]
+    if model.position_embedding_type == "rope":
+        argv += ["--rotary-base", str(model.rotary_base)]
     if model.query_groups != model.num_attention_heads:
         argv += ["--group-query-attention", "--num-query-groups", str(model.query_groups)]
     if model.swiglu:

@@ -57,6 +57,7 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-position-embeddings", type=int)
     p.add_argument("--position-embedding-type", default="learned_absolute",
                    choices=["learned_absolute", "rope", "mrope", "relative", "none"])
+    p.add_argument("--rotary-base", type=int, default=10000)
     p.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
     p.add_argument("--swiglu", action="store_true")
     p.add_argument("--untie-embeddings-and-output-weights", action="store_true")
@@ -135,7 +136,7 @@ def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
 
 def parse_known_argv(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """The flags layoutsearch knows parsed as Megatron-LM would, and the others as given
-    (a user's extra flags, e.g. --rotary-base 500000); ValueError on a malformed known flag."""
+    (a user's extra flags, e.g. --rope-scaling-factor 8); ValueError on a malformed known flag."""
     return argument_parser().parse_known_args(list(argv))
 
 

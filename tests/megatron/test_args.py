@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from megatron_study import STUDY_BEST, study_job, study_layout
 
@@ -46,6 +48,18 @@ def test_llama_flags_and_short_run():
     assert args.log_interval == 1 and args.eval_iters == 0
     assert args.tokenizer_type == "NullTokenizer"
     assert "--group-query-attention" not in argv  # llama 13b has no GQA
+
+
+def test_rope_base_is_the_models():
+    # LLaMA-1/2 use RoPE's original base 10,000; Llama 3 trains with 500,000 (its table 3).
+    llama = parse_argv(build_command(study_layout(64, 1, 1), study_job("llama_13b", 2048, 64)).argv)
+    assert llama.rotary_base == 10000
+    job = Job(model=load_model("llama3_8b"), cluster=load_cluster("h100_sxm"), num_gpus=8,
+              seq_length=8192, global_batch_size=64)
+    assert parse_argv(build_command(Layout(tp=1, dp=8), job).argv).rotary_base == 500000
+    learned = dataclasses.replace(
+        job, model=job.model.replace(position_embedding_type="learned_absolute"))
+    assert "--rotary-base" not in build_command(Layout(tp=1, dp=8), learned).argv
 
 
 def test_gqa_and_recompute_mapping():
@@ -209,9 +223,9 @@ def test_deprecated_unknown_and_malformed_flags(argv):
     assert _severities([*argv, "--checkpoint-activations"], ENV) == {("deprecated_flag", "error")}
     assert _severities([*argv, "--use-flash-attn"], ENV) == {("deprecated_flag", "warning")}
     # A flag layoutsearch does not emit (a user's extra_args) is passed on, said unchecked.
-    unchecked = validate_argv([*argv, "--rotary-base", "500000"], env=ENV, world_size=64)
+    unchecked = validate_argv([*argv, "--rope-scaling-factor", "8"], env=ENV, world_size=64)
     assert [(p.rule, p.severity) for p in unchecked] == [("unchecked_flag", "warning")]
-    assert unchecked[0].message.startswith("--rotary-base: passed on")
+    assert unchecked[0].message.startswith("--rope-scaling-factor: passed on")
     assert _rules([*argv, "--tensor-model-parallel-size", "two"], ENV) == {"argparse"}
 
 
