@@ -159,14 +159,14 @@ class MeasuredCostModel:
                    top_k=int(top_k) if top_k is not None else None)
 
     def _selection(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
-                   reasons: pd.Series) -> tuple[list[Any], pd.Series | None]:
-        """The rows to measure, best first, and the prescreen's MFU (None without one).
+                   reasons: pd.Series) -> tuple[list[Any], pd.DataFrame | None]:
+        """The rows to measure, best first, and the prescreen's scores (None without one).
 
         Layouts that no Megatron-LM command runs as asked (flash1, say) are passed over
         with their reason, so that the `top_k` launches all measure what was asked.
         """
         if self.prescreen is None:
-            ordered, prior_mfu = list(candidates.index), None
+            ordered, prior = list(candidates.index), None
             beyond = f"not measured: beyond top_k={self.top_k}"
         else:
             prior = self.prescreen.score(candidates, clusters)
@@ -175,7 +175,6 @@ class MeasuredCostModel:
             reasons.loc[~fits] = (f"not measured: the {name} model predicts it does not fit: "
                                   + prior.loc[~fits, "cost_reason"].astype(str))
             ordered = list(prior[fits].sort_values("mfu", ascending=False, kind="stable").index)
-            prior_mfu = prior["mfu"]
             beyond = f"not measured: outside the {name} top-{self.top_k}"
         chosen: list[Any] = []
         for i in ordered:
@@ -188,11 +187,12 @@ class MeasuredCostModel:
                 reasons.loc[i] = "not measured: " + notes[0]
             else:
                 chosen.append(i)
-        return chosen, prior_mfu
+        return chosen, prior
 
     def _measure(self, row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec],
-                 ) -> dict[str, Any] | str:
-        """A new measurement row, or why the layout cannot be launched."""
+                 predicted_step_s: float | None) -> dict[str, Any] | str:
+        """A new measurement row, or why the layout cannot be launched. The prescreen's
+        predicted step time (s), when there is one, sizes the trial's time limit."""
         command = command_of_row(row, clusters, self.settings)
         errors = [p for p in validate_argv(command.argv, env=command.env,
                                            world_size=command.num_gpus)
@@ -208,7 +208,8 @@ class MeasuredCostModel:
                 f"{problem}. Nothing was launched for {name}; the measurements already in "
                 f"{self.file.path} are kept, and the same command resumes from them")
         log_path = Path(self.settings.log_dir) / f"{name}.log"
-        outcome = self.launcher.run(Trial(name=name, command=command, log_path=log_path))
+        outcome = self.launcher.run(Trial(name=name, command=command, log_path=log_path,
+                                          step_time_s=predicted_step_s))
         if not outcome.ran:
             return f"not measured: {outcome.text}"
         self.launched += 1
@@ -231,9 +232,9 @@ class MeasuredCostModel:
             "measured_status": "", "tflops_per_gpu": np.nan,
         }, index=index)
         reasons = pd.Series("", index=index, dtype=object)
-        chosen, prior_mfu = self._selection(candidates, clusters, reasons)
-        if prior_mfu is not None and self.prescreen is not None:
-            out[f"{self.prescreen.name}_mfu"] = prior_mfu
+        chosen, prior = self._selection(candidates, clusters, reasons)
+        if prior is not None and self.prescreen is not None:
+            out[f"{self.prescreen.name}_mfu"] = prior["mfu"]
         known = self.file.load()
         records = {i: {str(k): v for k, v in r.items()}
                    for i, r in candidates.loc[chosen].to_dict("index").items()}
@@ -241,7 +242,8 @@ class MeasuredCostModel:
             row = records[i]
             measured = known.get(measurement_key(row))
             if measured is None:
-                outcome = self._measure(row, clusters)
+                predicted = None if prior is None else float(prior.loc[i, "step_time_s"])
+                outcome = self._measure(row, clusters, predicted)
                 if isinstance(outcome, str):
                     reasons.loc[i] = outcome
                     continue

@@ -23,8 +23,9 @@ from typing import Any, Protocol
 
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.megatron.args import MegatronCommand
-from layoutsearch.megatron.scripts import torchrun_argv, write_script
+from layoutsearch.megatron.scripts import torchrun_argv, trial_time_limit_s, write_script
 from layoutsearch.megatron.settings import MegatronSettings
+from layoutsearch.megatron.slurm_options import submitit_parameters
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -34,6 +35,9 @@ class Trial:
     command: MegatronCommand
     log_path: Path
     """Where the trial's combined stdout and stderr go."""
+    step_time_s: float | None = None
+    """The layout's predicted seconds per step (None: no prediction); it raises the trial's
+    wall-clock limit above `timeout_s` for a long run (`scripts.trial_time_limit_s`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -82,7 +86,7 @@ class DryRunLauncher:
 
     def run(self, trial: Trial) -> TrialLog:
         path = write_script(trial.command, self.settings, trial.log_path.with_suffix(".sh"),
-                            label=trial.name)
+                            label=trial.name, step_time_s=trial.step_time_s)
         return TrialLog(text=f"dry run: wrote {path}", returncode=None, ran=False)
 
 
@@ -152,7 +156,7 @@ class LocalLauncher:
                                 ran=False)
             timed_out = False
             try:
-                process.wait(timeout=self.settings.timeout_s)
+                process.wait(timeout=trial_time_limit_s(self.settings, trial.step_time_s))
             except subprocess.TimeoutExpired:
                 timed_out = True
             finally:
@@ -203,10 +207,9 @@ class SlurmLauncher:
         command = trial.command
         folder = trial.log_path.with_suffix("")
         executor = self.executor_factory(folder)
-        executor.update_parameters(
-            nodes=command.nodes, tasks_per_node=1, gpus_per_node=command.nproc_per_node,
-            timeout_min=max(1, int(self.settings.timeout_s // 60)),
-            name=trial.name, **dict(self.settings.slurm))
+        executor.update_parameters(**submitit_parameters(
+            self.settings.slurm, nodes=command.nodes, gpus_per_node=command.nproc_per_node,
+            time_limit_s=trial_time_limit_s(self.settings, trial.step_time_s), name=trial.name))
         env = {**command.env, "MASTER_PORT": str(self.settings.master_port)}
         job = executor.submit(_run_node, torchrun_argv(command, self.settings), env,
                               self.settings.megatron_path)

@@ -11,7 +11,6 @@ meeting at a c10d rendezvous on the first node of the allocation (Slurm's variab
 from __future__ import annotations
 
 import math
-import re
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,14 +19,18 @@ from typing import Any
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.megatron.args import MegatronCommand
 from layoutsearch.megatron.settings import MegatronSettings
+from layoutsearch.megatron.slurm_options import sbatch_options, sbatch_seconds, script_lines
 
+DEFAULT_TIMEOUT_S = 1800.0
+"""Seconds (s) a trial may run when neither the user nor a prediction says otherwise."""
 STARTUP_ALLOWANCE_S = 600.0
 """Seconds (s) a job spends before its first step: process start, NCCL init and model build.
 The predicted step time leaves them out; without them a run sized to its steps is killed."""
 
-SBATCH_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
-"""sbatch's --time forms: minutes[:seconds], hours:minutes:seconds and
-days-hours[:minutes[:seconds]]."""
+STEP_TIME_MARGIN = 1.5
+"""A trial may run this much slower than its predicted step time before its limit kills
+it: the analytic model's step times are ~5-10 % off on the cluster it was fitted on
+(README, benchmarks/fidelity.py) and can be tens of % off on another one."""
 
 
 def torchrun_argv(command: MegatronCommand, settings: MegatronSettings, *,
@@ -69,63 +72,29 @@ def torchrun_script(command: MegatronCommand, settings: MegatronSettings,
 
 
 def predicted_run_s(settings: MegatronSettings, step_time_s: float) -> float:
-    """Seconds (s) one run needs: `train_iters` steps of `step_time_s` plus the start-up."""
+    """Seconds (s) one run may need: `train_iters` steps of `step_time_s`, with the
+    STEP_TIME_MARGIN, plus the start-up."""
     if not (math.isfinite(step_time_s) and step_time_s > 0):
         raise LayoutSearchError(
             f"step_time_s={step_time_s!r}: must be a positive, finite number of seconds")
-    return settings.train_iters * step_time_s + STARTUP_ALLOWANCE_S
+    return settings.train_iters * step_time_s * STEP_TIME_MARGIN + STARTUP_ALLOWANCE_S
+
+
+def trial_time_limit_s(settings: MegatronSettings, step_time_s: float | None) -> float:
+    """Wall-clock limit (s) of one trial: the user's `timeout_s` as given; without one,
+    DEFAULT_TIMEOUT_S raised to the predicted run when the layout's predicted seconds per
+    step are known, so that a slow but healthy layout is not recorded as a hang."""
+    if settings.timeout_s is not None:
+        return settings.timeout_s
+    if step_time_s is None:
+        return DEFAULT_TIMEOUT_S
+    return max(DEFAULT_TIMEOUT_S, predicted_run_s(settings, step_time_s))
 
 
 def _clock(seconds: float) -> str:
     """An sbatch --time of whole minutes, rounded up (at least one): HH:MM:00."""
     minutes = max(1, math.ceil(seconds / 60))
     return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
-
-
-def _sbatch_seconds(setting: str, value: Any) -> float | None:
-    """Seconds (s) of an sbatch --time value (a number is minutes); None for no limit."""
-    text = str(value).strip() if isinstance(value, str | int) and value is not True else ""
-    if text.upper() in ("UNLIMITED", "INFINITE"):
-        return None
-    match = SBATCH_TIME.fullmatch(text)
-    if match is None:
-        raise LayoutSearchError(
-            f"megatron.slurm.{setting}={value!r}: not an sbatch time; use minutes, "
-            "minutes:seconds, hours:minutes:seconds or days-hours[:minutes[:seconds]]")
-    days, *rest = match.groups()
-    fields = [int(part) for part in rest if part is not None]
-    # With a day count the fields start at hours; without one, a lone field is minutes.
-    units = (3600, 60, 1) if days is not None else {1: (60,), 2: (60, 1), 3: (3600, 60, 1)}[
-        len(fields)]
-    seconds = int(days or 0) * 86400 + sum(f * u for f, u in zip(fields, units, strict=False))
-    return seconds or None  # 0 asks Slurm for no limit
-
-
-def _sbatch_name(key: str) -> str:
-    # submitit-style names (slurm_partition) become sbatch options (--partition).
-    return key.removeprefix("slurm_").replace("_", "-")
-
-
-def _slurm_options(slurm: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
-    """The user's Slurm settings as sbatch option -> (setting name, value), with submitit's
-    pass-through mapping `slurm_additional_parameters` spread into one option per entry."""
-    options: dict[str, tuple[str, Any]] = {}
-    for key, value in slurm.items():
-        name = _sbatch_name(str(key))
-        if value is None:
-            continue  # unset, as submitit reads None: the default (if any) stays
-        if name != "additional-parameters":
-            options[name] = (str(key), value)
-            continue
-        if not isinstance(value, Mapping):
-            raise LayoutSearchError(
-                f"megatron.slurm.{key}={value!r}: must be a mapping of sbatch option to value, "
-                "e.g. {reservation: my_reservation}")
-        for inner, inner_value in value.items():
-            if inner_value is None:
-                continue
-            options[_sbatch_name(str(inner))] = (f"{key}.{inner}", inner_value)
-    return options
 
 
 def _directive(name: str, setting: str, value: Any) -> list[str]:
@@ -141,41 +110,52 @@ def _directive(name: str, setting: str, value: Any) -> list[str]:
         "boolean (a bare flag); only slurm_additional_parameters may be a mapping")
 
 
-def _time_warning(setting: str, value: Any, settings: MegatronSettings,
-                  step_time_s: float | None) -> list[str]:
-    """A comment when the user's own Slurm time is below the predicted run."""
-    if step_time_s is None or value is False:
-        return []  # no prediction, or no --time line: the partition's default limit applies
-    limit_s = _sbatch_seconds(setting, value)
+def _time_warning(setting: str, value: Any, limit_s: float | None,
+                  settings: MegatronSettings, step_time_s: float | None) -> list[str]:
+    """A comment when a time limit the user set is below the predicted run."""
+    if step_time_s is None or limit_s is None:
+        return []
     needed_s = predicted_run_s(settings, step_time_s)
-    if limit_s is None or limit_s >= needed_s:
+    if limit_s >= needed_s:
         return []
     return [f"# warning: {setting}={value} ({_clock(limit_s)}) is below the predicted run "
-            f"time {_clock(needed_s)} "
-            f"({settings.train_iters} iterations x {step_time_s:.1f} s + "
-            f"{STARTUP_ALLOWANCE_S:.0f} s start-up); Slurm may kill the job before it ends"]
+            f"time {_clock(needed_s)} ({settings.train_iters} iterations x "
+            f"{step_time_s:.1f} s x {STEP_TIME_MARGIN} margin + {STARTUP_ALLOWANCE_S:.0f} s "
+            "start-up); Slurm may kill the job before it ends"]
+
+
+def _time_limit(user: Mapping[str, tuple[str, Any]], settings: MegatronSettings,
+                step_time_s: float | None) -> tuple[str, Any, list[str]]:
+    """The --time line's setting and value, and a warning when the user's is short: a time
+    in `slurm` wins, then an explicit `timeout_s`, then the automatic limit."""
+    if "time" in user:
+        setting, value = user["time"]
+        # False: no --time line, the partition's default limit applies.
+        limit_s = None if value is False else sbatch_seconds(setting, value)
+    else:
+        setting, value = "timeout_s", _clock(trial_time_limit_s(settings, step_time_s))
+        limit_s = settings.timeout_s
+    return setting, value, _time_warning(setting, value, limit_s, settings, step_time_s)
 
 
 def sbatch_script(command: MegatronCommand, settings: MegatronSettings, label: str = "",
                   job_name: str = "layoutsearch", step_time_s: float | None = None) -> str:
     """An sbatch script: one torchrun per node, c10d rendezvous on the first node.
 
-    The time limit is `timeout_s`, raised to the predicted run when `step_time_s` (the
-    layout's predicted seconds per step) is given; a time in `slurm` wins, with a warning
-    when it is shorter than the prediction.
+    The time limit is `trial_time_limit_s`; a time in `slurm` wins. Either, set by the user
+    and shorter than the predicted run, gets a warning. The user's `slurm_setup` lines run
+    before torchrun, `slurm_teardown` lines after it.
     """
-    limit_s = settings.timeout_s if step_time_s is None else max(
-        settings.timeout_s, predicted_run_s(settings, step_time_s))
+    user = sbatch_options(settings.slurm)
+    time_setting, time_value, warning = _time_limit(user, settings, step_time_s)
     options: dict[str, tuple[str, Any]] = {
         "job-name": ("job_name", job_name),
         "nodes": ("nodes", str(command.nodes)),
         "ntasks-per-node": ("ntasks_per_node", "1"),
         "gpus-per-node": ("gpus_per_node", str(command.nproc_per_node)),
-        "time": ("timeout_s", _clock(limit_s)),
+        "time": (time_setting, time_value),
+        **{name: option for name, option in user.items() if name != "time"},
     }
-    user = _slurm_options(settings.slurm)
-    warning = _time_warning(*user["time"], settings, step_time_s) if "time" in user else []
-    options.update(user)
     directives = [line for name, (setting, value) in options.items()
                   for line in _directive(name, setting, value)]
     torchrun = [
@@ -198,9 +178,19 @@ def sbatch_script(command: MegatronCommand, settings: MegatronSettings, label: s
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         f"MASTER_PORT={settings.master_port}",
         "export MASTER_ADDR MASTER_PORT",
-        f"srun --ntasks-per-node=1 {shlex.join(torchrun)} {rendezvous} {tail}",
+        *script_lines(settings.slurm, "setup"),
+        *_then_teardown(f"srun --ntasks-per-node=1 {shlex.join(torchrun)} {rendezvous} {tail}",
+                        script_lines(settings.slurm, "teardown")),
         "",
     ])
+
+
+def _then_teardown(run: str, teardown: list[str]) -> list[str]:
+    """The run line, followed by the user's teardown lines even when the run fails (as
+    submitit's scripts do), the script still exiting with the run's status."""
+    if not teardown:
+        return [run]
+    return ["status=0", f"{run} || status=$?", *teardown, 'exit "$status"']
 
 
 def write_script(command: MegatronCommand, settings: MegatronSettings, path: Path,

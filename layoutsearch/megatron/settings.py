@@ -19,6 +19,7 @@ import yaml
 
 from layoutsearch.costs.constants import constants_path
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.megatron.slurm_options import check_slurm_settings
 
 LAUNCHERS = ("dry_run", "local", "slurm")
 
@@ -41,9 +42,10 @@ class MegatronSettings:
     """Training iterations per trial: enough to average after the warm-up."""
     warmup_iters: int = 3
     """Logged iterations dropped before averaging (allocator, NCCL and kernel warm-up)."""
-    timeout_s: float = 1800.0
-    """Wall-clock limit of one trial; a trial past it is killed and recorded as `timeout`.
-    An emitted sbatch script raises it to the layout's predicted run (`scripts.sbatch_script`)."""
+    timeout_s: float | None = None
+    """Wall-clock limit (s) of one trial; a trial past it is killed and recorded as
+    `timeout`. None: 1800 s, raised to the layout's predicted run when one is known
+    (`scripts.trial_time_limit_s`); a number is used as given."""
     master_port: int = 29500
     """Rendezvous port of torchrun."""
     overlap_grad_reduce: bool = True
@@ -61,7 +63,8 @@ class MegatronSettings:
     log_dir: str = "megatron_logs"
     """Where the local and Slurm launchers keep one log per trial."""
     slurm: Mapping[str, Any] = field(default_factory=dict)
-    """Extra submitit/Slurm parameters (`slurm_partition`, `slurm_account`, ...)."""
+    """submitit AutoExecutor parameters (`slurm_partition`, `slurm_account`, `mem_gb`,
+    `slurm_setup`, ...), also written into sbatch scripts (`slurm_options`)."""
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -77,8 +80,13 @@ class MegatronSettings:
                 f"megatron.warmup_iters={self.warmup_iters!r}: must be >= 0 and below "
                 f"train_iters ({self.train_iters}) so that some iterations are averaged"
             )
-        if not self.timeout_s > 0:
-            raise LayoutSearchError(f"megatron.timeout_s={self.timeout_s!r}: must be > 0")
+        if self.timeout_s is not None and (
+                isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int | float)
+                or not self.timeout_s > 0):
+            raise LayoutSearchError(
+                f"megatron.timeout_s={self.timeout_s!r}: must be a number of seconds > 0, or "
+                "null for 1800 s raised to the layout's predicted run")
+        check_slurm_settings(self.slurm)
 
     @property
     def script_path(self) -> Path:

@@ -197,3 +197,20 @@ def test_the_local_launcher_refuses_a_job_beyond_one_node_before_launching(tmp_p
                              r"\(use launcher=slurm"):
         layoutsearch.search(cost_model=model, **JOB)
     assert launches(tmp_path) == []
+
+
+def test_a_trials_time_limit_covers_its_predicted_run(tmp_path):
+    # 100 iterations of a ~20 s step outlast the default 1800 s; the limit follows the
+    # prescreen's prediction (the dry run writes it into the sbatch script of the trial).
+    settings = fake_megatron_settings(tmp_path).replace(launcher="dry_run", timeout_s=None,
+                                                        train_iters=100)
+    model = MeasuredCostModel(settings=settings, measurements=tmp_path / "measurements.csv",
+                              prescreen=build_cost_model("analytic"), top_k=1)
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):  # a dry run measures nothing
+        layoutsearch.search(cost_model=model, **JOB)
+    predicted = layoutsearch.search(**JOB).iloc[0]["step_time_s"]
+    minutes = -(-(100 * predicted * 1.5 + 600) // 60)
+    assert minutes > 30
+    script, = (tmp_path / "logs").glob("*.sh")
+    assert f"#SBATCH --time={int(minutes) // 60:02d}:{int(minutes) % 60:02d}:00" in \
+        script.read_text().splitlines()

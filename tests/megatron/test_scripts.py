@@ -109,10 +109,10 @@ def test_sbatch_additional_parameters_must_be_a_mapping():
 
 
 @pytest.mark.parametrize(("step_time_s", "time"), [
-    (None, "00:30:00"),    # no prediction: timeout_s (1800 s)
-    (100.0, "00:30:00"),   # 10 x 100 s + 600 s = 1600 s fits in timeout_s
-    (207.0, "00:45:00"),   # 10 x 207 s + 600 s = 2670 s, rounded up to 45 min
-    (600.0, "01:50:00"),   # 10 x 600 s + 600 s = 6600 s
+    (None, "00:30:00"),    # no prediction: 1800 s
+    (50.0, "00:30:00"),    # 10 x 50 s x 1.5 + 600 s = 1350 s fits in 1800 s
+    (207.0, "01:02:00"),   # 10 x 207 s x 1.5 + 600 s = 3705 s, rounded up to 62 min
+    (600.0, "02:40:00"),   # 10 x 600 s x 1.5 + 600 s = 9600 s
 ])
 def test_sbatch_time_covers_the_predicted_run(step_time_s, time):
     lines = _sbatch(step_time_s=step_time_s)
@@ -122,18 +122,72 @@ def test_sbatch_time_covers_the_predicted_run(step_time_s, time):
 
 
 @pytest.mark.parametrize(("value", "below"), [
-    ("00:30:00", "00:30:00"), (30, "00:30:00"), ("44:00", "00:44:00"), ("0-0:40", "00:40:00"),
-    ("00:45:00", None), (60, None), ("1-00", None), ("UNLIMITED", None), (0, None),
+    ("00:30:00", "00:30:00"), (30, "00:30:00"), ("61:00", "01:01:00"), ("0-0:40", "00:40:00"),
+    ("01:02:00", None), (65, None), ("1-00", None), ("UNLIMITED", None), (0, None),
 ])
 def test_explicit_slurm_time_is_kept_and_warned_when_below_the_prediction(value, below):
-    # The prediction: 10 iterations x 207 s + 600 s start-up = 2670 s, 00:45:00.
+    # The prediction: 10 iterations x 207 s x 1.5 + 600 s start-up = 3705 s, 01:02:00.
     lines = _sbatch({"slurm_time": value}, step_time_s=207.0)
     assert [line for line in lines if line.startswith("#SBATCH --time")] == [
         f"#SBATCH --time={value}"]
     warnings = [line for line in lines if line.startswith("# warning")]
     assert warnings == ([] if below is None else [
-        f"# warning: slurm_time={value} ({below}) is below the predicted run time 00:45:00 "
-        "(10 iterations x 207.0 s + 600 s start-up); Slurm may kill the job before it ends"])
+        f"# warning: slurm_time={value} ({below}) is below the predicted run time 01:02:00 "
+        "(10 iterations x 207.0 s x 1.5 margin + 600 s start-up); Slurm may kill the job "
+        "before it ends"])
+
+
+def test_explicit_timeout_s_is_the_limit_as_given():
+    from layoutsearch.megatron.scripts import sbatch_script, trial_time_limit_s
+    settings = MegatronSettings(timeout_s=1200)
+    assert trial_time_limit_s(settings, 207.0) == 1200  # the user's, even below the prediction
+    assert trial_time_limit_s(MegatronSettings(), 207.0) == 3705.0
+    assert trial_time_limit_s(MegatronSettings(), None) == 1800.0
+    command = build_command(study_layout(128, 2, 4), study_job("llama_65b", 2048, 128), settings)
+    lines = sbatch_script(command, settings, step_time_s=207.0).splitlines()
+    assert "#SBATCH --time=00:20:00" in lines
+    assert any(line.startswith("# warning: timeout_s=00:20:00 (00:20:00) is below the "
+                               "predicted run time 01:02:00") for line in lines)
+
+
+@pytest.mark.parametrize("value", [0, -5, True, "30 min"])
+def test_timeout_s_must_be_positive_seconds(value):
+    with pytest.raises(LayoutSearchError, match=rf"megatron.timeout_s={value!r}: must be a "
+                       "number of seconds > 0, or null"):
+        MegatronSettings(timeout_s=value)
+
+
+def test_sbatch_takes_submitits_generic_names_and_script_lines():
+    lines = _sbatch({"name": "probe", "timeout_min": 90, "mem_gb": 1.5, "cpus_per_task": 12,
+                     "slurm_partition": "gpu", "slurm_signal_delay_s": 120,
+                     "slurm_setup": ["module load cuda/12.4", "source ~/env.sh"],
+                     "slurm_teardown": ["echo done"]})
+    for line in ("#SBATCH --job-name=probe", "#SBATCH --time=90", "#SBATCH --mem=1536MB",
+                 "#SBATCH --cpus-per-task=12", "#SBATCH --partition=gpu"):
+        assert line in lines
+    # submitit's own mechanics have no sbatch option; the shell lines run around torchrun.
+    assert not any("signal" in line or "timeout-min" in line or "mem-gb" in line
+                   for line in lines)
+    run = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    assert lines[run - 3:run] == ["module load cuda/12.4", "source ~/env.sh", "status=0"]
+    assert lines[run].endswith("|| status=$?")
+    assert lines[run + 1:run + 3] == ["echo done", 'exit "$status"']
+    # A Slurm-specific name wins over the generic one, as in submitit.
+    assert "#SBATCH --time=02:00:00" in _sbatch({"slurm_time": "02:00:00", "timeout_min": 90})
+
+
+@pytest.mark.parametrize("key", ["nodes", "slurm_gpus_per_node", "tasks_per_node",
+                                 "slurm_ntasks_per_node"])
+def test_slurm_settings_cannot_change_the_jobs_shape(key):
+    with pytest.raises(LayoutSearchError, match=rf"megatron.slurm.{key}=4: the nodes, tasks "
+                       "and GPUs per node follow from the layout"):
+        MegatronSettings(slurm={key: 4})
+
+
+def test_slurm_setup_must_be_shell_lines():
+    with pytest.raises(LayoutSearchError, match=r"slurm_setup='module load cuda': must be a "
+                       "list of shell lines"):
+        MegatronSettings(slurm={"slurm_setup": "module load cuda"})
 
 
 def test_explicit_slurm_time_must_be_an_sbatch_time():
@@ -154,7 +208,7 @@ def test_launch_scripts_of_ranked_rows_get_time_for_their_predicted_steps(tmp_pa
                                  global_batch_size=2048, vocab_size=128000)
     ranked = ranked.head(1).assign(step_time_s=207.0)
     path, = write_launch_scripts(ranked, ranked.attrs["job"], tmp_path, top_k=1)
-    assert "#SBATCH --time=00:45:00" in path.read_text().splitlines()
+    assert "#SBATCH --time=01:02:00" in path.read_text().splitlines()
 
 
 def test_ranked_results_carry_commands_and_scripts(tmp_path):
@@ -277,3 +331,41 @@ def test_ctrl_c_while_waiting_cancels_the_slurm_job(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         launcher.run(Trial(name="t", command=command, log_path=tmp_path / "t.log"))
     assert job.cancelled
+
+
+def test_slurm_parameters_are_submitits_and_agree_with_the_sbatch_script(tmp_path, monkeypatch):
+    submitit = pytest.importorskip("submitit")
+    from submitit.slurm.slurm import SlurmExecutor
+
+    from layoutsearch.megatron.scripts import sbatch_script
+    from layoutsearch.megatron.slurm_options import submitit_parameters
+    monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))  # srun "found"
+    slurm = {"name": "probe", "timeout_min": 90, "mem_gb": 1.5, "cpus_per_task": 12,
+             "slurm_partition": "gpu", "slurm_exclusive": True, "slurm_signal_delay_s": 120,
+             "slurm_additional_parameters": {"reservation": "my res"}}
+    settings = MegatronSettings(launcher="slurm", slurm=slurm)
+    executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm")
+    executor.update_parameters(**submitit_parameters(
+        slurm, nodes=16, gpus_per_node=8, time_limit_s=3705.0, name="t"))
+    theirs = executor._executor._make_submission_file_text("python -m run", "uid").splitlines()
+    command = build_command(study_layout(128, 2, 4), study_job("llama_65b", 2048, 128), settings)
+    ours = [line for line in sbatch_script(command, settings, step_time_s=207.0).splitlines()
+            if line.startswith("#SBATCH")]
+    # Every line of ours is submitit's for the same settings (the user's time and name win).
+    assert set(ours) <= set(theirs), set(ours) - set(theirs)
+    assert "#SBATCH --time=90" in ours and "#SBATCH --nodes=16" in ours
+
+
+def test_slurm_launcher_time_limit_rounds_up_and_the_users_wins(tmp_path):
+    from layoutsearch.megatron.slurm_options import submitit_parameters
+    automatic = submitit_parameters({}, nodes=2, gpus_per_node=8, time_limit_s=3705.0, name="t")
+    assert automatic["timeout_min"] == 62  # 61.75 min, never cut shorter
+    users = submitit_parameters({"timeout_min": 30}, nodes=2, gpus_per_node=8,
+                                time_limit_s=3705.0, name="t")
+    assert users["timeout_min"] == 30
+    settings = MegatronSettings(launcher="slurm", slurm={"timeout_min": 30, "name": "mine"})
+    command = build_command(study_layout(128, 2, 4), study_job("llama_65b", 2048, 128), settings)
+    SlurmLauncher(settings, executor_factory=FakeExecutor).run(
+        Trial(name="t", command=command, log_path=tmp_path / "t.log", step_time_s=207.0))
+    parameters, _, _ = FakeExecutor.submitted[-1]
+    assert (parameters["timeout_min"], parameters["name"]) == (30, "mine")

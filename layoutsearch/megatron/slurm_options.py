@@ -1,0 +1,134 @@
+"""The user's Slurm settings (`megatron.slurm`, in submitit's names) for both Slurm paths.
+
+One mapping drives the Slurm launcher, which hands it to submitit's AutoExecutor, and the
+dry run's sbatch scripts, which turn it into `#SBATCH` lines the way submitit does
+(submitit 1.5, `slurm/slurm.py`: `_equivalence_dict`, `_make_sbatch_string`):
+- submitit's generic names: name → --job-name, timeout_min → --time (minutes),
+  mem_gb → --mem (whole GB as `<n>GB`, else `<n>MB`), cpus_per_task → --cpus-per-task;
+- `slurm_<option>` → --<option>, underscores to dashes (slurm_partition → --partition); a
+  Slurm-specific name wins over the generic one it shadows (slurm_time over timeout_min);
+- `slurm_additional_parameters`: one option per entry;
+- `slurm_setup` / `slurm_teardown`: the user's shell lines, run before / after the training;
+- submitit's own mechanics (signal_delay_s, array_parallelism, srun_args, use_srun,
+  stderr_to_stdout) have no sbatch option: a plain script leaves them out.
+The job's shape (nodes, tasks and GPUs per node) is the layout's: a setting of it is refused.
+
+    options = sbatch_options(settings.slurm)   # {"partition": ("slurm_partition", "gpu")}
+    parameters = submitit_parameters(settings.slurm, nodes=4, gpus_per_node=8,
+                                     time_limit_s=2400, name="tp2_pp4")
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from layoutsearch.errors import LayoutSearchError
+
+GENERIC_OPTIONS = {"name": "job-name", "timeout_min": "time", "mem_gb": "mem",
+                   "cpus_per_task": "cpus-per-task"}
+"""submitit's generic (cluster-independent) names and the sbatch option each becomes."""
+JOB_SHAPE = frozenset({"nodes", "tasks_per_node", "ntasks_per_node", "gpus_per_node",
+                       "num_gpus", "gpus_per_task"})
+"""Names (without `slurm_`) that would change how many ranks run where: set by the layout."""
+SCRIPT_LINES = ("setup", "teardown")
+"""`slurm_setup` / `slurm_teardown`: lists of shell lines, not options."""
+SUBMITIT_ONLY = frozenset({"signal_delay_s", "array_parallelism", "srun_args", "use_srun",
+                           "stderr_to_stdout"})
+"""submitit settings with no sbatch option of their own."""
+SBATCH_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+"""sbatch's --time forms: minutes[:seconds], hours:minutes:seconds and
+days-hours[:minutes[:seconds]]."""
+
+
+def _bare(key: str) -> str:
+    return key.removeprefix("slurm_")
+
+
+def check_slurm_settings(slurm: Mapping[str, Any]) -> None:
+    """Refuse settings that would launch a different job than the layout's."""
+    for key in slurm:
+        if _bare(str(key)) in JOB_SHAPE:
+            raise LayoutSearchError(
+                f"megatron.slurm.{key}={slurm[key]!r}: the nodes, tasks and GPUs per node "
+                "follow from the layout (num_gpus and gpus_per_node); leave it out")
+        if _bare(str(key)) in SCRIPT_LINES and slurm[key] is not None and (
+                isinstance(slurm[key], str | Mapping) or not all(
+                    isinstance(line, str) for line in slurm[key])):
+            raise LayoutSearchError(
+                f"megatron.slurm.{key}={slurm[key]!r}: must be a list of shell lines, "
+                "e.g. ['module load cuda']")
+
+
+def _mem(value: Any) -> str:
+    # submitit's _convert_mem: whole gigabytes as GB, else megabytes.
+    gb = float(value)
+    return f"{int(gb)}GB" if gb == int(gb) else f"{int(gb * 1024)}MB"
+
+
+def sbatch_options(slurm: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
+    """The user's options as sbatch option → (setting name, value), None values left out.
+
+    Generic names go first so that a Slurm-specific one for the same option wins.
+    """
+    options: dict[str, tuple[str, Any]] = {}
+    generic = [k for k in slurm if str(k) in GENERIC_OPTIONS]
+    specific = [k for k in slurm if str(k) not in GENERIC_OPTIONS]
+    for key in [*generic, *specific]:
+        value, bare = slurm[key], _bare(str(key))
+        if value is None or bare in SCRIPT_LINES or bare in SUBMITIT_ONLY:
+            continue  # None is unset, as submitit reads it
+        if bare in GENERIC_OPTIONS:
+            options[GENERIC_OPTIONS[bare]] = (str(key), _mem(value) if bare == "mem_gb"
+                                              else value)
+        elif bare == "additional_parameters":
+            if not isinstance(value, Mapping):
+                raise LayoutSearchError(
+                    f"megatron.slurm.{key}={value!r}: must be a mapping of sbatch option to "
+                    "value, e.g. {reservation: my_reservation}")
+            for inner, inner_value in value.items():
+                if inner_value is not None:
+                    options[str(inner).replace("_", "-")] = (f"{key}.{inner}", inner_value)
+        else:
+            options[bare.replace("_", "-")] = (str(key), value)
+    return options
+
+
+def script_lines(slurm: Mapping[str, Any], part: str) -> list[str]:
+    """The user's `slurm_setup` or `slurm_teardown` shell lines (checked to be strings)."""
+    return [str(line) for key in (part, f"slurm_{part}") for line in slurm.get(key) or ()]
+
+
+def sbatch_seconds(setting: str, value: Any) -> float | None:
+    """Seconds (s) of an sbatch --time value (a number is minutes); None for no limit."""
+    text = str(value).strip() if isinstance(value, str | int) and value is not True else ""
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    match = SBATCH_TIME.fullmatch(text)
+    if match is None:
+        raise LayoutSearchError(
+            f"megatron.slurm.{setting}={value!r}: not an sbatch time; use minutes, "
+            "minutes:seconds, hours:minutes:seconds or days-hours[:minutes[:seconds]]")
+    days, *rest = match.groups()
+    fields = [int(part) for part in rest if part is not None]
+    # With a day count the fields start at hours; without one, a lone field is minutes.
+    units = (3600, 60, 1) if days is not None else {1: (60,), 2: (60, 1), 3: (3600, 60, 1)}[
+        len(fields)]
+    seconds = int(days or 0) * 86400 + sum(f * u for f, u in zip(fields, units, strict=False))
+    return seconds or None  # 0 asks Slurm for no limit
+
+
+def submitit_parameters(slurm: Mapping[str, Any], *, nodes: int, gpus_per_node: int,
+                        time_limit_s: float, name: str) -> dict[str, Any]:
+    """AutoExecutor.update_parameters keywords: the job's shape and time, then the user's.
+
+    A time or name the user set wins (as in the sbatch scripts); the time limit is rounded
+    up to whole minutes, so that the run is never cut shorter than `time_limit_s`.
+    """
+    return {
+        "nodes": nodes, "tasks_per_node": 1, "gpus_per_node": gpus_per_node,
+        "timeout_min": max(1, math.ceil(time_limit_s / 60)), "name": name,
+        **{str(k): v for k, v in slurm.items() if v is not None},
+    }
