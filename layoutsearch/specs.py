@@ -21,6 +21,10 @@ from layoutsearch.errors import LayoutSearchError
 
 NORMALIZATIONS = ("RMSNorm", "LayerNorm")
 POSITION_EMBEDDINGS = ("rope", "learned_absolute")
+COMMAND_FIELDS = ("add_bias_linear", "position_embedding_type", "max_position_embeddings",
+                  "rotary_base")
+"""ModelSpec fields outside the measurement schema that change the Megatron-LM command: they
+ride along in candidate tables so that a command built from a row trains the same model."""
 
 
 def _require_positive_int(owner: str, name: str, value: Any) -> None:
@@ -262,7 +266,8 @@ class Job:
         return self.seq_length * self.global_batch_size
 
     def columns(self) -> dict[str, Any]:
-        """The job as measurement-schema columns (docs/measurements.md), one value each."""
+        """The job as measurement-schema columns (docs/measurements.md), one value each,
+        then the model fields the schema leaves out but a launch command needs (COMMAND_FIELDS)."""
         m = self.model
         return {
             "model": m.name,
@@ -280,5 +285,6 @@ class Job:
             "num_gpus": self.num_gpus,
             "gpus_per_node": self.cluster.gpus_per_node,
             "global_batch_size": self.global_batch_size,
+            **{name: getattr(m, name) for name in COMMAND_FIELDS},
         }
 

@@ -147,7 +147,13 @@ class MeasuredCostModel:
         settings = resolve_settings(config.get("megatron"))
         changes = {k: config[k] for k in ("launcher", "timeout_s") if config.get(k) is not None}
         if changes:
-            settings = settings.replace(**changes)
+            try:
+                settings = settings.replace(**changes)
+            except LayoutSearchError as error:
+                given = ", ".join(f"{k}={v!r}" for k, v in changes.items())
+                raise LayoutSearchError(
+                    f"{source}: {given} (the measured cost model's own setting, which "
+                    f"overrides the Megatron-LM settings'): {error}") from None
         prescreen = None
         if config.get("prescreen"):
             from layoutsearch.costs import build_cost_model  # the registry imports this module

@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+import pandas as pd
+
 from layoutsearch.costs.constants import load_constants
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.megatron.settings import MegatronSettings
 from layoutsearch.pipeline import stage_layers
-from layoutsearch.specs import ClusterSpec, Job, ModelSpec
+from layoutsearch.specs import COMMAND_FIELDS, ClusterSpec, Job, ModelSpec
 
 NULL_TOKENIZER_EOD = 1
 """The end-of-document token Megatron-LM's NullTokenizer adds to its --vocab-size."""
@@ -252,6 +254,11 @@ def build_command(layout: Layout, job: Job,
     )
 
 
+def _cell(value: Any) -> Any:
+    """A table cell as the plain Python value a ModelSpec field takes."""
+    return value.item() if hasattr(value, "item") else value
+
+
 def job_of_row(row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec]) -> Job:
     """The job of a candidate or measurement-schema row (its model, GPUs and batch)."""
     gpu = str(row["gpu"])
@@ -272,6 +279,9 @@ def job_of_row(row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec]) -> J
         swiglu=bool(row["swiglu"]),
         untie_embeddings=bool(row["untie_embeddings"]),
         normalization=str(row.get("normalization", "RMSNorm")),
+        # A measurement file's rows lack these: the ModelSpec defaults (a LLaMA block).
+        **{name: _cell(row[name]) for name in COMMAND_FIELDS
+           if name in row and not pd.isna(row[name])},
     )
     cluster = clusters[gpu]
     if "gpus_per_node" in row and int(row["gpus_per_node"]) != cluster.gpus_per_node:

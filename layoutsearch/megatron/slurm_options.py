@@ -7,11 +7,13 @@ dry run's sbatch scripts, which turn it into `#SBATCH` lines the way submitit do
   mem_gb → --mem (whole GB as `<n>GB`, else `<n>MB`), cpus_per_task → --cpus-per-task;
 - `slurm_<option>` → --<option>, underscores to dashes (slurm_partition → --partition); a
   Slurm-specific name wins over the generic one it shadows (slurm_time over timeout_min);
-- `slurm_additional_parameters`: one option per entry;
+- `slurm_additional_parameters`: one option per entry, applied last (as in submitit);
 - `slurm_setup` / `slurm_teardown`: the user's shell lines, run before / after the training;
 - submitit's own mechanics (signal_delay_s, array_parallelism, srun_args, use_srun,
   stderr_to_stdout) have no sbatch option: a plain script leaves them out.
-The job's shape (nodes, tasks and GPUs per node) is the layout's: a setting of it is refused.
+Other names without `slurm_` are refused (submitit refuses or ignores them), as are values of
+the wrong type for a generic name. The job's shape (nodes, tasks and GPUs per node) is the
+layout's: a setting of it is refused too.
 
     options = sbatch_options(settings.slurm)   # {"partition": ("slurm_partition", "gpu")}
     parameters = submitit_parameters(settings.slurm, nodes=4, gpus_per_node=8,
@@ -30,8 +32,16 @@ from layoutsearch.errors import LayoutSearchError
 GENERIC_OPTIONS = {"name": "job-name", "timeout_min": "time", "mem_gb": "mem",
                    "cpus_per_task": "cpus-per-task"}
 """submitit's generic (cluster-independent) names and the sbatch option each becomes."""
-JOB_SHAPE = frozenset({"nodes", "tasks_per_node", "ntasks_per_node", "gpus_per_node",
-                       "num_gpus", "gpus_per_task"})
+GENERIC_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "name": (str, "a string"), "timeout_min": (int, "a whole number of minutes"),
+    "mem_gb": ((int, float), "a number of gigabytes"),
+    "cpus_per_task": (int, "a whole number"), "nodes": (int, "a whole number"),
+    "gpus_per_node": (int, "a whole number"), "tasks_per_node": (int, "a whole number"),
+    "stderr_to_stdout": (bool, "true or false"),
+}
+"""submitit AutoExecutor's generic names and the types it asserts (auto.py)."""
+JOB_SHAPE = frozenset({"nodes", "tasks_per_node", "ntasks_per_node", "ntasks", "gpus_per_node",
+                       "num_gpus", "gpus_per_task", "gpus"})
 """Names (without `slurm_`) that would change how many ranks run where: set by the layout."""
 SCRIPT_LINES = ("setup", "teardown")
 """`slurm_setup` / `slurm_teardown`: lists of shell lines, not options."""
@@ -47,18 +57,41 @@ def _bare(key: str) -> str:
     return key.removeprefix("slurm_")
 
 
+def _check_type(key: str, value: Any) -> None:
+    # AutoExecutor asserts these types when a trial is submitted; say so before any launch.
+    expected = GENERIC_TYPES.get(_bare(key))
+    if expected is None or value is None:
+        return
+    kinds, words = expected
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise LayoutSearchError(f"megatron.slurm.{key}={value!r}: must be {words}")
+
+
 def check_slurm_settings(slurm: Mapping[str, Any]) -> None:
-    """Refuse settings that would launch a different job than the layout's."""
-    for key in slurm:
-        if _bare(str(key)) in JOB_SHAPE:
+    """Refuse what submitit would refuse or ignore, and anything that would launch another
+    job than the layout's, naming the setting."""
+    for key, value in slurm.items():
+        key = str(key)
+        if value is None:
+            continue  # unset
+        if key not in GENERIC_TYPES and not key.startswith("slurm_"):
             raise LayoutSearchError(
-                f"megatron.slurm.{key}={slurm[key]!r}: the nodes, tasks and GPUs per node "
-                "follow from the layout (num_gpus and gpus_per_node); leave it out")
-        if _bare(str(key)) in SCRIPT_LINES and slurm[key] is not None and (
-                isinstance(slurm[key], str | Mapping) or not all(
-                    isinstance(line, str) for line in slurm[key])):
+                f"megatron.slurm.{key}={value!r}: submitit takes Slurm options as slurm_<name> "
+                f"(e.g. slurm_{key}) or as its generic names ({', '.join(GENERIC_TYPES)})")
+        inner = dict(value) if _bare(key) == "additional_parameters" and isinstance(
+            value, Mapping) else {}
+        for name, shown in [(_bare(key), key),
+                            *((str(k).replace("-", "_"), f"{key}.{k}") for k, v in inner.items()
+                              if v is not None)]:
+            if name in JOB_SHAPE:
+                raise LayoutSearchError(
+                    f"megatron.slurm.{shown}: the nodes, tasks and GPUs per node follow from "
+                    "the layout (num_gpus and gpus_per_node); leave it out")
+        _check_type(key, value)
+        if _bare(key) in SCRIPT_LINES and (isinstance(value, str | Mapping) or not all(
+                isinstance(line, str) for line in value)):
             raise LayoutSearchError(
-                f"megatron.slurm.{key}={slurm[key]!r}: must be a list of shell lines, "
+                f"megatron.slurm.{key}={value!r}: must be a list of shell lines, "
                 "e.g. ['module load cuda']")
 
 
@@ -71,12 +104,14 @@ def _mem(value: Any) -> str:
 def sbatch_options(slurm: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
     """The user's options as sbatch option → (setting name, value), None values left out.
 
-    Generic names go first so that a Slurm-specific one for the same option wins.
+    In submitit's order: a Slurm-specific name wins over the generic one for the same
+    option, and slurm_additional_parameters win over both.
     """
     options: dict[str, tuple[str, Any]] = {}
     generic = [k for k in slurm if str(k) in GENERIC_OPTIONS]
-    specific = [k for k in slurm if str(k) not in GENERIC_OPTIONS]
-    for key in [*generic, *specific]:
+    additional = [k for k in slurm if _bare(str(k)) == "additional_parameters"]
+    specific = [k for k in slurm if k not in generic and k not in additional]
+    for key in [*generic, *specific, *additional]:
         value, bare = slurm[key], _bare(str(key))
         if value is None or bare in SCRIPT_LINES or bare in SUBMITIT_ONLY:
             continue  # None is unset, as submitit reads it
@@ -98,7 +133,7 @@ def sbatch_options(slurm: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
 
 def script_lines(slurm: Mapping[str, Any], part: str) -> list[str]:
     """The user's `slurm_setup` or `slurm_teardown` shell lines (checked to be strings)."""
-    return [str(line) for key in (part, f"slurm_{part}") for line in slurm.get(key) or ()]
+    return [str(line) for line in slurm.get(f"slurm_{part}") or ()]
 
 
 def sbatch_seconds(setting: str, value: Any) -> float | None:
@@ -127,8 +162,15 @@ def submitit_parameters(slurm: Mapping[str, Any], *, nodes: int, gpus_per_node: 
     A time or name the user set wins (as in the sbatch scripts); the time limit is rounded
     up to whole minutes, so that the run is never cut shorter than `time_limit_s`.
     """
+    user: dict[str, Any] = {}
+    for key, value in slurm.items():
+        key = str(key)
+        if value is None or (value is False and _bare(key) not in SUBMITIT_ONLY):
+            continue  # unset; False leaves an sbatch option out (submitit would write =False)
+        if _bare(key) == "additional_parameters":
+            value = {k: v for k, v in value.items() if v is not None and v is not False}
+        user[key] = value
     return {
         "nodes": nodes, "tasks_per_node": 1, "gpus_per_node": gpus_per_node,
-        "timeout_min": max(1, math.ceil(time_limit_s / 60)), "name": name,
-        **{str(k): v for k, v in slurm.items() if v is not None},
+        "timeout_min": max(1, math.ceil(time_limit_s / 60)), "name": name, **user,
     }

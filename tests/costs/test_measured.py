@@ -214,3 +214,22 @@ def test_a_trials_time_limit_covers_its_predicted_run(tmp_path):
     script, = (tmp_path / "logs").glob("*.sh")
     assert f"#SBATCH --time={int(minutes) // 60:02d}:{int(minutes) % 60:02d}:00" in \
         script.read_text().splitlines()
+
+
+@pytest.mark.parametrize(("model", "flags"), [
+    ("llama3_8b", ["--rotary-base", "500000"]),
+    ("gpt3_175b", ["--position-embedding-type", "learned_absolute"]),
+])
+def test_a_measured_trial_trains_the_searched_model(tmp_path, model, flags):
+    # Fields outside the measurement schema (RoPE base, position embedding, biases) reach
+    # the trial's command through the candidate rows.
+    settings = fake_megatron_settings(tmp_path).replace(launcher="dry_run")
+    measured = MeasuredCostModel(settings=settings, measurements=tmp_path / "m.csv",
+                                 prescreen=build_cost_model("analytic"), top_k=1)
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):  # a dry run measures nothing
+        layoutsearch.search(cost_model=measured, model=model, cluster="h100_sxm",
+                            num_gpus=1024, seq_length=2048, global_batch_size=2048)
+    script, = (tmp_path / "logs").glob("*.sh")
+    text = script.read_text()
+    assert " ".join(flags) in text
+    assert ("--disable-bias-linear" in text) == (model != "gpt3_175b")

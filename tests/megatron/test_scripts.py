@@ -176,12 +176,31 @@ def test_sbatch_takes_submitits_generic_names_and_script_lines():
     assert "#SBATCH --time=02:00:00" in _sbatch({"slurm_time": "02:00:00", "timeout_min": 90})
 
 
-@pytest.mark.parametrize("key", ["nodes", "slurm_gpus_per_node", "tasks_per_node",
-                                 "slurm_ntasks_per_node"])
-def test_slurm_settings_cannot_change_the_jobs_shape(key):
-    with pytest.raises(LayoutSearchError, match=rf"megatron.slurm.{key}=4: the nodes, tasks "
-                       "and GPUs per node follow from the layout"):
-        MegatronSettings(slurm={key: 4})
+@pytest.mark.parametrize(("slurm", "named"), [
+    ({"nodes": 4}, "megatron.slurm.nodes"),
+    ({"slurm_gpus_per_node": 4}, "megatron.slurm.slurm_gpus_per_node"),
+    ({"tasks_per_node": 4}, "megatron.slurm.tasks_per_node"),
+    ({"slurm_additional_parameters": {"ntasks-per-node": 4}},
+     "megatron.slurm.slurm_additional_parameters.ntasks-per-node"),
+])
+def test_slurm_settings_cannot_change_the_jobs_shape(slurm, named):
+    with pytest.raises(LayoutSearchError, match=rf"{named}: the nodes, tasks and GPUs per node "
+                       "follow from the layout"):
+        MegatronSettings(slurm=slurm)
+    MegatronSettings(slurm={key: None for key in slurm})  # None is unset, as in submitit
+
+
+@pytest.mark.parametrize(("slurm", "message"), [
+    ({"partition": "gpu"}, r"megatron.slurm.partition='gpu': submitit takes Slurm options as "
+                           r"slurm_<name> \(e.g. slurm_partition\)"),
+    ({"setup": ["module load cuda"]}, r"megatron.slurm.setup=.*e.g. slurm_setup"),
+    ({"mem_gb": "16G"}, r"megatron.slurm.mem_gb='16G': must be a number of gigabytes"),
+    ({"timeout_min": 90.5}, r"megatron.slurm.timeout_min=90.5: must be a whole number"),
+    ({"name": 123}, r"megatron.slurm.name=123: must be a string"),
+])
+def test_slurm_settings_submitit_would_refuse_are_refused_up_front(slurm, message):
+    with pytest.raises(LayoutSearchError, match=message):
+        MegatronSettings(slurm=slurm)
 
 
 def test_slurm_setup_must_be_shell_lines():
@@ -342,7 +361,9 @@ def test_slurm_parameters_are_submitits_and_agree_with_the_sbatch_script(tmp_pat
     monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))  # srun "found"
     slurm = {"name": "probe", "timeout_min": 90, "mem_gb": 1.5, "cpus_per_task": 12,
              "slurm_partition": "gpu", "slurm_exclusive": True, "slurm_signal_delay_s": 120,
-             "slurm_additional_parameters": {"reservation": "my res"}}
+             "slurm_requeue": False, "slurm_qos": "high", "slurm_setup": ["module load cuda"],
+             "slurm_additional_parameters": {"reservation": "my res", "qos": "low",
+                                             "comment": None}}
     settings = MegatronSettings(launcher="slurm", slurm=slurm)
     executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm")
     executor.update_parameters(**submitit_parameters(
@@ -351,9 +372,13 @@ def test_slurm_parameters_are_submitits_and_agree_with_the_sbatch_script(tmp_pat
     command = build_command(study_layout(128, 2, 4), study_job("llama_65b", 2048, 128), settings)
     ours = [line for line in sbatch_script(command, settings, step_time_s=207.0).splitlines()
             if line.startswith("#SBATCH")]
-    # Every line of ours is submitit's for the same settings (the user's time and name win).
+    # Every line of ours is submitit's for the same settings (the user's time and name win,
+    # additional parameters win over slurm_ names, False and None leave an option out).
     assert set(ours) <= set(theirs), set(ours) - set(theirs)
     assert "#SBATCH --time=90" in ours and "#SBATCH --nodes=16" in ours
+    assert "#SBATCH --qos=low" in ours and not any(
+        "requeue" in line or "comment" in line for line in theirs)
+    assert "module load cuda" in theirs
 
 
 def test_slurm_launcher_time_limit_rounds_up_and_the_users_wins(tmp_path):
