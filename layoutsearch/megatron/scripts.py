@@ -153,8 +153,8 @@ def sbatch_script(command: MegatronCommand, settings: MegatronSettings, label: s
         "nodes": ("nodes", str(command.nodes)),
         "ntasks-per-node": ("ntasks_per_node", "1"),
         "gpus-per-node": ("gpus_per_node", str(command.nproc_per_node)),
-        "time": (time_setting, time_value),
-        **{name: option for name, option in user.items() if name != "time"},
+        "time": (time_setting, time_value),  # the user's own, when `user` has one
+        **user,
     }
     directives = [line for name, (setting, value) in options.items()
                   for line in _directive(name, setting, value)]

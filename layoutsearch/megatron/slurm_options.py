@@ -78,11 +78,11 @@ def check_slurm_settings(slurm: Mapping[str, Any]) -> None:
             raise LayoutSearchError(
                 f"megatron.slurm.{key}={value!r}: submitit takes Slurm options as slurm_<name> "
                 f"(e.g. slurm_{key}) or as its generic names ({', '.join(GENERIC_TYPES)})")
-        inner = dict(value) if _bare(key) == "additional_parameters" and isinstance(
-            value, Mapping) else {}
-        for name, shown in [(_bare(key), key),
-                            *((str(k).replace("-", "_"), f"{key}.{k}") for k, v in inner.items()
-                              if v is not None)]:
+        names = {key: _bare(key)}  # as shown to the user: as submitit reads it
+        if _bare(key) == "additional_parameters" and isinstance(value, Mapping):
+            names.update({f"{key}.{k}": str(k).replace("-", "_")
+                          for k, v in value.items() if v is not None})
+        for shown, name in names.items():
             if name in JOB_SHAPE:
                 raise LayoutSearchError(
                     f"megatron.slurm.{shown}: the nodes, tasks and GPUs per node follow from "
