@@ -22,7 +22,7 @@ from layoutsearch.errors import LayoutSearchError
 NORMALIZATIONS = ("RMSNorm", "LayerNorm")
 POSITION_EMBEDDINGS = ("rope", "learned_absolute")
 COMMAND_FIELDS = ("add_bias_linear", "position_embedding_type", "max_position_embeddings",
-                  "rotary_base")
+                  "rotary_base", "rope_scaling_factor")
 """ModelSpec fields outside the measurement schema that change the Megatron-LM command: they
 ride along in candidate tables so that a command built from a row trains the same model."""
 
@@ -93,6 +93,10 @@ class ModelSpec:
     """RoPE base θ (Su et al. 2021: 10,000; Llama 3 trains with 500,000); Megatron-LM's
     `--rotary-base`. It changes no FLOP or byte, but a command with the wrong base trains
     another model."""
+    rope_scaling_factor: float | None = None
+    """Llama 3.1's RoPE frequency scaling (Dubey et al. 2024, §3.1.1 and the released
+    `rope_scaling` config: factor 8), Megatron-LM's `--use-rope-scaling --rope-scaling-factor`;
+    None for plain RoPE. Like the base, it changes no FLOP or byte."""
 
     def __post_init__(self) -> None:
         owner = f"model {self.name!r}"
@@ -102,6 +106,8 @@ class ModelSpec:
             _require_positive_int(owner, name, getattr(self, name))
         if self.num_query_groups is not None:
             _require_positive_int(owner, "num_query_groups", self.num_query_groups)
+        if self.rope_scaling_factor is not None:
+            _require_positive_number(owner, "rope_scaling_factor", self.rope_scaling_factor)
         for name in ("swiglu", "untie_embeddings", "add_bias_linear"):
             _require_bool(owner, name, getattr(self, name))
         if self.hidden_size % self.num_attention_heads:

@@ -93,6 +93,8 @@ def test_model_rejects_bad_shapes() -> None:
         _tiny(num_layers=0)
     with pytest.raises(LayoutSearchError, match=r"rotary_base=1000000.0: must be a positive"):
         _tiny(rotary_base=1e6)
+    with pytest.raises(LayoutSearchError, match=r"rope_scaling_factor=0: must be a positive"):
+        _tiny(rope_scaling_factor=0)
     with pytest.raises(LayoutSearchError, match=r"normalization='BatchNorm'"):
         _tiny(normalization="BatchNorm")
 

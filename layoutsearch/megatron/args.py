@@ -93,6 +93,8 @@ def _model_args(model: ModelSpec, seq_length: int) -> list[str]:
     ]
     if model.position_embedding_type == "rope":
         argv += ["--rotary-base", str(model.rotary_base)]
+        if model.rope_scaling_factor is not None:
+            argv += ["--use-rope-scaling", "--rope-scaling-factor", str(model.rope_scaling_factor)]
     if model.query_groups != model.num_attention_heads:
         argv += ["--group-query-attention", "--num-query-groups", str(model.query_groups)]
     if model.swiglu:

@@ -58,6 +58,8 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--position-embedding-type", default="learned_absolute",
                    choices=["learned_absolute", "rope", "mrope", "relative", "none"])
     p.add_argument("--rotary-base", type=int, default=10000)
+    p.add_argument("--use-rope-scaling", action="store_true")
+    p.add_argument("--rope-scaling-factor", type=float, default=8.0)
     p.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
     p.add_argument("--swiglu", action="store_true")
     p.add_argument("--untie-embeddings-and-output-weights", action="store_true")

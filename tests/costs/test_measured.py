@@ -218,6 +218,7 @@ def test_a_trials_time_limit_covers_its_predicted_run(tmp_path):
 
 @pytest.mark.parametrize(("model", "flags"), [
     ("llama3_8b", ["--rotary-base", "500000"]),
+    ("llama3_405b", ["--use-rope-scaling", "--rope-scaling-factor", "8.0"]),
     ("gpt3_175b", ["--position-embedding-type", "learned_absolute"]),
 ])
 def test_a_measured_trial_trains_the_searched_model(tmp_path, model, flags):

@@ -56,7 +56,12 @@ def test_rope_base_is_the_models():
     assert llama.rotary_base == 10000
     job = Job(model=load_model("llama3_8b"), cluster=load_cluster("h100_sxm"), num_gpus=8,
               seq_length=8192, global_batch_size=64)
-    assert parse_argv(build_command(Layout(tp=1, dp=8), job).argv).rotary_base == 500000
+    llama3 = parse_argv(build_command(Layout(tp=1, dp=8), job).argv)
+    assert llama3.rotary_base == 500000 and not llama3.use_rope_scaling
+    # Llama 3.1 405B scales RoPE's frequencies (its released config: factor 8).
+    job_405b = dataclasses.replace(job, model=load_model("llama3_405b"), num_gpus=1024)
+    llama31 = parse_argv(build_command(Layout(tp=8, pp=16, dp=8), job_405b).argv)
+    assert llama31.use_rope_scaling and llama31.rope_scaling_factor == 8.0
     learned = dataclasses.replace(
         job, model=job.model.replace(position_embedding_type="learned_absolute"))
     assert "--rotary-base" not in build_command(Layout(tp=1, dp=8), learned).argv
@@ -223,9 +228,9 @@ def test_deprecated_unknown_and_malformed_flags(argv):
     assert _severities([*argv, "--checkpoint-activations"], ENV) == {("deprecated_flag", "error")}
     assert _severities([*argv, "--use-flash-attn"], ENV) == {("deprecated_flag", "warning")}
     # A flag layoutsearch does not emit (a user's extra_args) is passed on, said unchecked.
-    unchecked = validate_argv([*argv, "--rope-scaling-factor", "8"], env=ENV, world_size=64)
+    unchecked = validate_argv([*argv, "--rotary-percent", "0.5"], env=ENV, world_size=64)
     assert [(p.rule, p.severity) for p in unchecked] == [("unchecked_flag", "warning")]
-    assert unchecked[0].message.startswith("--rope-scaling-factor: passed on")
+    assert unchecked[0].message.startswith("--rotary-percent: passed on")
     assert _rules([*argv, "--tensor-model-parallel-size", "two"], ENV) == {"argparse"}
 
 
