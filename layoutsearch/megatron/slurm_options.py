@@ -10,7 +10,10 @@ dry run's sbatch scripts, which turn it into `#SBATCH` lines the way submitit do
 - `slurm_additional_parameters`: one option per entry, applied last (as in submitit);
 - `slurm_setup` / `slurm_teardown`: the user's shell lines, run before / after the training;
 - submitit's own mechanics (signal_delay_s, array_parallelism, srun_args, use_srun,
-  stderr_to_stdout) have no sbatch option: a plain script leaves them out.
+  stderr_to_stdout) have no sbatch option: a plain script leaves them out;
+- false leaves an option out. A script without --time gets the partition's default limit;
+  submitit always writes a --time, so the Slurm launcher then asks for the trial's own limit
+  (`scripts.trial_time_limit_s`), the one the local launcher waits for.
 Other names without `slurm_` are refused (submitit refuses or ignores them), as are values of
 the wrong type for a generic name. The job's shape (nodes, tasks and GPUs per node) is the
 layout's: a setting of it is refused too.

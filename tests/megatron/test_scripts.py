@@ -174,6 +174,8 @@ def test_sbatch_takes_submitits_generic_names_and_script_lines():
     assert lines[run + 1:run + 3] == ["echo done", 'exit "$status"']
     # A Slurm-specific name wins over the generic one, as in submitit.
     assert "#SBATCH --time=02:00:00" in _sbatch({"slurm_time": "02:00:00", "timeout_min": 90})
+    # false: no --time line, the partition's default limit applies.
+    assert not any(line.startswith("#SBATCH --time") for line in _sbatch({"slurm_time": False}))
 
 
 @pytest.mark.parametrize(("slurm", "named"), [
@@ -388,6 +390,10 @@ def test_slurm_launcher_time_limit_rounds_up_and_the_users_wins(tmp_path):
     users = submitit_parameters({"timeout_min": 30}, nodes=2, gpus_per_node=8,
                                 time_limit_s=3705.0, name="t")
     assert users["timeout_min"] == 30
+    # submitit always writes a --time: "no time" (false) there is the trial's own limit.
+    unset = submitit_parameters({"slurm_time": False}, nodes=2, gpus_per_node=8,
+                                time_limit_s=3705.0, name="t")
+    assert unset["timeout_min"] == 62 and "slurm_time" not in unset
     settings = MegatronSettings(launcher="slurm", slurm={"timeout_min": 30, "name": "mine"})
     command = build_command(study_layout(128, 2, 4), study_job("llama_65b", 2048, 128), settings)
     SlurmLauncher(settings, executor_factory=FakeExecutor).run(
