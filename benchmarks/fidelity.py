@@ -3,7 +3,9 @@
 Per job (model, seq_length, gpu, num_gpus, global_batch_size): rows, fit accuracy and its
 two error kinds, Spearman ρ of predicted against measured MFU, top-1 regret in MFU points,
 whether the measured best is among the top 3 predicted, and MFU MAPE; then the summary
-and the targets of the core-engine issue.
+and the targets of the core-engine issue; then how often two layouts of one job ran in the
+order opposite to the predicted one, by their gap in predicted MFU (the source of the
+search's close-call note, layoutsearch.results.CLOSE_CALL_GAP).
 
     python benchmarks/fidelity.py [--runs RUNS.csv] [--cost-model analytic|PATH.yaml]
 """
@@ -18,7 +20,8 @@ import pandas as pd
 from measured_runs import RUNS_HELP, default_runs
 
 import layoutsearch
-from layoutsearch.fidelity import fidelity
+from layoutsearch.fidelity import GAP_EDGES, fidelity, order_errors_by_gap
+from layoutsearch.results import CLOSE_CALL_GAP
 
 TARGETS = {  # summary key: (rule, threshold)
     "fit_accuracy": (">=", 0.95),
@@ -37,7 +40,8 @@ def main() -> int:
     if not args.runs.is_file():
         print(f"no measurement file at {args.runs}; pass one in the measurement schema")
         return 2
-    table, summary = fidelity(layoutsearch.predict(args.runs, cost_model=args.cost_model))
+    predicted = layoutsearch.predict(args.runs, cost_model=args.cost_model)
+    table, summary = fidelity(predicted)
     shown = table.assign(
         fit_accuracy=table["fit_accuracy"].round(3),
         spearman=table["spearman"].round(3),
@@ -58,6 +62,12 @@ def main() -> int:
         value = summary[key]
         met = value >= threshold if rule == ">=" else value <= threshold
         print(f"target {key} {rule} {threshold}: {value:.3f} {'met' if met else 'NOT MET'}")
+    print("\npairs of measured layouts of one job, by gap in predicted MFU: share that ran in "
+          "the other order")
+    for edges in (GAP_EDGES, (0.0, CLOSE_CALL_GAP, 1.0)):
+        for row in order_errors_by_gap(predicted, edges).itertuples():
+            print(f"  gap {100 * row.gap_from:4.0f}-{100 * row.gap_to:3.0f} %: {row.pairs:5d} "
+                  f"pairs, {100 * row.wrong_order:4.1f} % in the other order")
     return 0
 
 

@@ -17,12 +17,13 @@ import pandas as pd
 
 from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
 from layoutsearch.costs import CostModel, build_cost_model
+from layoutsearch.costs.analytic import AnalyticCostModel
 from layoutsearch.drivers import Driver, build_driver
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.measurements import read_table, validate_measurements
 from layoutsearch.megatron import with_megatron_args
 from layoutsearch.problem import SearchProblem
-from layoutsearch.results import headroom_note, no_fit_message, rank
+from layoutsearch.results import close_call_note, headroom_note, no_fit_message, rank
 from layoutsearch.rules import violations
 from layoutsearch.space import KNOBS, SearchSpace
 from layoutsearch.specs import ClusterSpec, Job, ModelSpec
@@ -111,7 +112,8 @@ def search(
     if pins:
         space = space.pin(**pins)
     clusters = {**clusters_by_gpu(), job.cluster.gpu.name: job.cluster}
-    problem = SearchProblem.build(job, space, build_cost_model(cost_model), clusters)
+    scorer = build_cost_model(cost_model)
+    problem = SearchProblem.build(job, space, scorer, clusters)
     ranked = rank(build_driver(driver).run(problem))
     fitting = ranked.index[ranked["fits"].eq(True)][:MEGATRON_ARGS_ROWS]
     ranked["megatron_args"] = ""
@@ -122,6 +124,9 @@ def search(
     ranked.attrs["job"] = job
     ranked.attrs["message"] = message or ""
     ranked.attrs["headroom_note"] = headroom_note(ranked)
+    # Measured MFUs (replay, measured) carry no model error to warn about.
+    ranked.attrs["close_call_note"] = (close_call_note(ranked)
+                                       if isinstance(scorer, AnalyticCostModel) else "")
     if message:
         warnings.warn(message, NoLayoutFitsWarning, stacklevel=2)
     return ranked

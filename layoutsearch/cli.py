@@ -123,8 +123,9 @@ def report(ranked: pd.DataFrame, space: SearchSpace, top_k: int) -> str:
     ]
     if not fits:
         return "\n".join([*lines, "", ranked.attrs["message"]])
-    if ranked.attrs.get("headroom_note"):
-        lines += ["", f"note: {ranked.attrs['headroom_note']}"]
+    for note in ("headroom_note", "close_call_note"):
+        if ranked.attrs.get(note):
+            lines += ["", f"note: {ranked.attrs[note]}"]
     best = ranked.iloc[0]
     for prefix, unit, total in (("time", "s", "step_time_s"), ("memory", "gib", "peak_memory_gib")):
         parts = [c for c in ranked.columns if c.startswith(f"{prefix}_") and c.endswith(f"_{unit}")]

@@ -5,11 +5,13 @@ global_batch_size). Rows that a kernel refused or that crashed are left out; twi
 effective layout (sequence parallelism at tp = 1 is a no-op) are averaged first.
 
     table, summary = fidelity(predict(runs))
+    order = order_errors_by_gap(predict(runs))   # how often close calls come out the other way
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 
 import numpy as np
 import pandas as pd
@@ -111,3 +113,37 @@ def fidelity(predicted: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
         "mape": float(((ok["predicted_mfu"] - ok["mfu"]).abs() / ok["mfu"]).mean()),
     }
     return table, summary
+
+
+GAP_EDGES = (0.0, 0.02, 0.05, 0.10, 0.20, 1.0)
+"""Bins of the relative gap in predicted MFU between two layouts of one job."""
+
+
+def order_errors_by_gap(predicted: pd.DataFrame,
+                        edges: tuple[float, ...] = GAP_EDGES) -> pd.DataFrame:
+    """How often two measured layouts of one job ran in the order opposite to the predicted
+    one, by how far apart their predicted MFUs were: the confidence a ranking deserves.
+
+    Every pair of `ok` rows of a group (twins collapsed) counts once; its gap is
+    |p1 - p2| / max(p1, p2) of the predicted MFUs. Returns one row per bin: `gap_from`,
+    `gap_to`, `pairs`, `wrong_order` (the share measured the other way round; a measured
+    tie is not wrong).
+    """
+    ok = collapse_twins(predicted)
+    ok = ok[ok["status"] == "ok"]
+    gaps, wrong = [], []
+    for _, group in ok.groupby(list(GROUP_COLUMNS), observed=True):
+        p, m = group["predicted_mfu"].to_numpy(float), group["mfu"].to_numpy(float)
+        i, j = np.triu_indices(len(group), k=1)
+        gaps.append(np.abs(p[i] - p[j]) / np.maximum(p[i], p[j]))
+        wrong.append((p[i] - p[j]) * (m[i] - m[j]) < 0)
+    gap = np.concatenate(gaps) if gaps else np.array([])
+    flipped = np.concatenate(wrong) if wrong else np.array([], dtype=bool)
+    records = []
+    for low, high in pairwise(edges):
+        # Each bin holds its lower edge; the last one its upper edge too.
+        inside = (gap >= low) & ((gap < high) | (high == edges[-1]) & (gap <= high))
+        pairs = int(inside.sum())
+        records.append({"gap_from": low, "gap_to": high, "pairs": pairs,
+                        "wrong_order": float(flipped[inside].mean()) if pairs else float("nan")})
+    return pd.DataFrame(records)

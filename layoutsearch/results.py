@@ -2,6 +2,7 @@
 
     ranked = rank(scored)                 # feasible first, best MFU first
     message = no_fit_message(ranked, job) # None when some layout fits
+    note = close_call_note(ranked)        # "" unless runners-up are too close to call
 """
 
 from __future__ import annotations
@@ -41,6 +42,42 @@ def headroom_note(ranked: pd.DataFrame) -> str:
     gap = 100 * (best["mfu"] - safer["mfu"])
     return (f"{note} The best with at least {TIGHT_HEADROOM_GIB:.0f} GiB free: {layout}, MFU "
             f"{safer['mfu']:.3f} ({gap:.1f} points lower, {safer['headroom_gib']:.1f} GiB free).")
+
+
+CLOSE_CALL_GAP = 0.05
+"""Relative gap in predicted MFU within which the analytic model cannot call the order of two
+layouts: on the study's runs, the pairs of measured layouts of one job predicted within 5 %
+of each other ran in the other order in 32 % of 1,631 pairs, those further apart in 4 % of
+8,395 (benchmarks/fidelity.py prints the table, layoutsearch.fidelity.order_errors_by_gap)."""
+CLOSE_CALL_WRONG_ORDER = 0.32
+"""That share of close pairs measured the other way round (same source)."""
+CLOSE_CALL_MAX_TRIALS = 8
+"""The most layouts the note suggests measuring: the measured cost model's default top_k."""
+
+
+def close_call_note(ranked: pd.DataFrame) -> str:
+    """A note when other fitting layouts are within CLOSE_CALL_GAP of the best's predicted
+    MFU, naming the next one and the measured search that settles the order; "" otherwise.
+
+    Meant for a ranking by the analytic model, whose error decides what "close" means.
+    """
+    if ranked.empty or not bool(ranked["fits"].iloc[0]):
+        return ""
+    fitting = ranked[ranked["fits"].astype(bool)]
+    best = float(fitting["mfu"].iloc[0])
+    close = fitting[fitting["mfu"] >= best * (1 - CLOSE_CALL_GAP)]
+    others = len(close) - 1
+    if others == 0:
+        return ""
+    runner_up = close.iloc[1]
+    layout = Layout.from_row({str(k): v for k, v in runner_up.items()}).describe()
+    trials = min(len(close), CLOSE_CALL_MAX_TRIALS)
+    count = "1 other layout is" if others == 1 else f"{others} other layouts are"
+    return (f"{count} within {100 * CLOSE_CALL_GAP:.0f} % of the best's predicted MFU (the "
+            f"next: {layout}, MFU {float(runner_up['mfu']):.3f}); on the study's runs "
+            f"{100 * CLOSE_CALL_WRONG_ORDER:.0f} % of the layout pairs predicted this close ran "
+            f"in the other order. Measure the top {trials} before committing: cost_models=measured "
+            f"cost_models.prescreen=analytic cost_models.top_k={trials}.")
 
 
 def rank(scored: pd.DataFrame) -> pd.DataFrame:

@@ -13,6 +13,7 @@ import pytest
 
 import layoutsearch
 from layoutsearch import LayoutSearchError, ModelSpec, NoLayoutFitsWarning, predict, search
+from layoutsearch.costs import ReplayCostModel
 from layoutsearch.layout import LAYOUT_COLUMNS
 
 JOB: dict[str, Any] = dict(model="llama_13b", cluster="a100_80gb", num_gpus=64,
@@ -116,6 +117,32 @@ def test_a_feasible_search_does_not_warn() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", NoLayoutFitsWarning)
         search(**JOB, tp=1, pp=1, micro_batch_size=1, attention="flash2")
+
+
+def test_close_runners_up_of_the_analytic_model_get_a_note(ranked: pd.DataFrame) -> None:
+    # LLaMA 13B on 64 A100s: several layouts come within 5 % of the best's predicted MFU.
+    fitting = ranked[ranked["fits"]]
+    close = int((fitting["mfu"] >= 0.95 * fitting["mfu"].iloc[0]).sum()) - 1
+    assert close > 1
+    assert ranked.attrs["close_call_note"].startswith(f"{close} other layouts are within 5 %")
+    pinned = search(**JOB, tp=1, pp=1, micro_batch_size=1, attention="flash2",
+                    rmsnorm_kernel=True, recompute="none")
+    assert pinned.attrs["close_call_note"] == ""  # one layout left: nothing to call
+
+
+def test_measured_mfus_get_no_close_call_note(tmp_path: Path,
+                                              measurement_row: dict[str, Any]) -> None:
+    # Two measured layouts 1 % apart: the replay ranks by measurement, no model error.
+    runs = pd.DataFrame([{**measurement_row, "distributed_optimizer": True},
+                         {**measurement_row, "distributed_optimizer": True, "tp": 4, "dp": 16,
+                          "mfu": 0.594, "step_time_s": 30.3}])
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    replayed = search(**JOB, vocab_size=32000, tp=[2, 4], pp=1, micro_batch_size=1,
+                      attention="flash2", rmsnorm_kernel=True, recompute="none",
+                      sequence_parallel=False,
+                      cost_model=ReplayCostModel.load(tmp_path / "runs.csv"))
+    assert replayed["fits"].sum() == 2
+    assert replayed.attrs["close_call_note"] == ""
 
 
 # search(): bad input

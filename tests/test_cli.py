@@ -64,6 +64,8 @@ def test_run_writes_the_same_ranking_as_the_python_api(tmp_path: Path) -> None:
     assert all(column in ranking[0] for column in LAYOUT_COLUMNS)
     assert "best layout, time (step_time_s" in out and "best layout, memory" in out
     assert "gemm" in out and "weights" in out
+    assert expected.attrs["close_call_note"]  # runners-up within 5 % of the best
+    assert f"note: {expected.attrs['close_call_note']}" in out
 
 
 def test_multirun_runs_every_job_and_model_overrides_change_the_result(tmp_path: Path) -> None:

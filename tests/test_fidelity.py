@@ -11,7 +11,7 @@ import pytest
 
 from layoutsearch.api import predict
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.fidelity import collapse_twins, fidelity
+from layoutsearch.fidelity import collapse_twins, fidelity, order_errors_by_gap
 
 JOB_13B = {"model": "llama_13b", "seq_length": 2048, "gpu": "a100_80gb", "num_gpus": 64,
            "global_batch_size": 2048}
@@ -142,3 +142,20 @@ def test_a_frame_without_ok_or_oom_rows_is_named() -> None:
                           "mfu": [None], "predicted_mfu": [0.5], "predicted_fits": [True]})
     with pytest.raises(LayoutSearchError, match="status ok or oom"):
         fidelity(frame)
+
+
+def test_order_errors_by_gap_by_hand() -> None:
+    rows = pd.DataFrame([
+        run(JOB_13B, 1, 1, "ok", 0.48, 0.500, True),
+        run(JOB_13B, 2, 1, "ok", 0.50, 0.485, True),   # 3 % below the first, measured above it
+        run(JOB_13B, 4, 1, "ok", 0.31, 0.300, True),   # far below both, and measured so
+        run(JOB_13B, 8, 1, "oom", None, 0.200, True),  # no measured MFU: in no pair
+        run(JOB_30B, 1, 1, "ok", 0.40, 0.400, True),   # alone in its job: no pair
+    ])
+    order = order_errors_by_gap(rows, edges=(0.0, 0.05, 0.2, 1.0))
+    assert order["pairs"].tolist() == [1, 0, 2]
+    assert order["wrong_order"].iloc[0] == 1.0 and np.isnan(order["wrong_order"].iloc[1])
+    assert order["wrong_order"].iloc[2] == 0.0
+    # A gap of exactly 1 (a predicted MFU of 0) is in the last bin.
+    zero = rows.assign(predicted_mfu=[0.5, 0.485, 0.0, 0.2, 0.4])
+    assert order_errors_by_gap(zero, edges=(0.0, 0.05, 1.0))["pairs"].tolist() == [1, 2]

@@ -9,7 +9,13 @@ import pandas as pd
 
 from layoutsearch.catalog import load_cluster, load_model
 from layoutsearch.layout import Layout
-from layoutsearch.results import RESULT_COLUMNS, headroom_note, no_fit_message, rank
+from layoutsearch.results import (
+    RESULT_COLUMNS,
+    close_call_note,
+    headroom_note,
+    no_fit_message,
+    rank,
+)
 from layoutsearch.specs import Job
 
 JOB = Job(model=load_model("llama_13b"), cluster=load_cluster("a100_80gb"), num_gpus=64,
@@ -110,3 +116,30 @@ def test_no_headroom_note_with_room_or_without_a_memory_estimate() -> None:
     assert headroom_note(rank(scored([{"tp": 1, "mfu": 0.6, "fits": True}]))) == ""
     tight = rank(scored([{"tp": 1, "mfu": 0.6, "fits": True, "headroom_gib": 1.0}]))
     assert headroom_note(tight).endswith("No layout that fits leaves 5 GiB.")
+
+
+def test_runners_up_within_5_percent_are_a_close_call() -> None:
+    ranked = rank(scored([
+        {"tp": 1, "mfu": 0.600, "fits": True},
+        {"tp": 2, "mfu": 0.585, "fits": True},                 # 2.5 % below: close
+        {"tp": 4, "mfu": 0.700, "fits": False},                # does not fit: not counted
+        {"tp": 8, "mfu": 0.560, "fits": True},                 # 6.7 % below: not close
+    ]))
+    note = close_call_note(ranked)
+    assert note.startswith("1 other layout is within 5 % of the best's predicted MFU (the "
+                           "next: tp2 pp1 dp1 mb1 flash2 recompute=none, MFU 0.585)")
+    assert note.endswith("Measure the top 2 before committing: cost_models=measured "
+                         "cost_models.prescreen=analytic cost_models.top_k=2.")
+
+
+def test_a_close_call_suggests_at_most_eight_trials() -> None:
+    ranked = rank(scored([{"tp": 1, "mfu": 0.6 - 0.001 * i, "fits": True}
+                          for i in range(12)]))
+    assert close_call_note(ranked).startswith("11 other layouts are within 5 %")
+    assert close_call_note(ranked).endswith("cost_models.top_k=8.")
+
+
+def test_no_close_call_note_with_a_clear_winner_or_nothing_fitting() -> None:
+    clear = rank(scored([{"tp": 1, "mfu": 0.6, "fits": True}, {"tp": 2, "mfu": 0.5, "fits": True}]))
+    assert close_call_note(clear) == ""
+    assert close_call_note(rank(scored([{"tp": 1, "mfu": 0.6}, {"tp": 2, "mfu": 0.6}]))) == ""

@@ -71,6 +71,9 @@ def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
     headroom = ranked.attrs.get("headroom_note", "")
     if headroom:
         lines += [f"**Memory headroom.** {headroom[0].upper()}{headroom[1:]}", ""]
+    close_call = ranked.attrs.get("close_call_note", "")
+    if close_call:
+        lines += [f"**A close call.** {close_call}", ""]
     return lines
 
 
