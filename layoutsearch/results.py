@@ -52,7 +52,8 @@ of each other ran in the other order in 32 % of 1,631 pairs, those further apart
 CLOSE_CALL_WRONG_ORDER = 0.32
 """That share of close pairs measured the other way round (same source)."""
 CLOSE_CALL_MAX_TRIALS = 8
-"""The most layouts the note suggests measuring: the measured cost model's default top_k."""
+"""The most layouts the note suggests measuring, as in the measured search's documented
+`cost_models.top_k=8`: a tie-break of a few short trials, not a sweep."""
 
 
 def close_call_note(ranked: pd.DataFrame) -> str:
