@@ -18,10 +18,12 @@ import pandas as pd
 from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
 from layoutsearch.costs import CostModel, build_cost_model
 from layoutsearch.costs.analytic import AnalyticCostModel
-from layoutsearch.drivers import Driver, build_driver
+from layoutsearch.costs.constants import constants_path
+from layoutsearch.drivers import Driver, GridDriver, build_driver
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.measurements import read_table, validate_measurements
 from layoutsearch.megatron import with_megatron_args
+from layoutsearch.megatron.args import command_of_row
 from layoutsearch.problem import SearchProblem
 from layoutsearch.results import close_call_note, headroom_note, no_fit_message, rank
 from layoutsearch.rules import violations
@@ -114,7 +116,8 @@ def search(
     clusters = {**clusters_by_gpu(), job.cluster.gpu.name: job.cluster}
     scorer = build_cost_model(cost_model)
     problem = SearchProblem.build(job, space, scorer, clusters)
-    ranked = rank(build_driver(driver).run(problem))
+    searcher = build_driver(driver)
+    ranked = rank(searcher.run(problem))
     fitting = ranked.index[ranked["fits"].eq(True)][:MEGATRON_ARGS_ROWS]
     ranked["megatron_args"] = ""
     if len(fitting):
@@ -124,12 +127,28 @@ def search(
     ranked.attrs["job"] = job
     ranked.attrs["message"] = message or ""
     ranked.attrs["headroom_note"] = headroom_note(ranked)
-    # Measured MFUs (replay, measured) carry no model error to warn about.
-    ranked.attrs["close_call_note"] = (close_call_note(ranked)
-                                       if isinstance(scorer, AnalyticCostModel) else "")
+    ranked.attrs["close_call_note"] = _close_call_note(ranked, scorer, searcher, clusters)
     if message:
         warnings.warn(message, NoLayoutFitsWarning, stacklevel=2)
     return ranked
+
+
+def _close_call_note(ranked: pd.DataFrame, scorer: CostModel, searcher: Driver,
+                     clusters: Mapping[str, ClusterSpec]) -> str:
+    """The close-call note of an exhaustive analytic ranking; "" for any other: measured
+    MFUs (replay, measured) carry no model error, and a sampling driver's table lacks the
+    layouts it never scored."""
+    if not (isinstance(scorer, AnalyticCostModel) and isinstance(searcher, GridDriver)):
+        return ""
+    # The suggested measured search ranks with these constants: by their name or file.
+    prescreen = scorer.config_name()
+    if prescreen is None:
+        try:
+            prescreen = str(constants_path(scorer.source))
+        except LayoutSearchError:
+            prescreen = "<a YAML file of these constants>"
+    return close_call_note(ranked, prescreen=prescreen,
+                           launchable=lambda row: command_of_row(row, clusters).exact)
 
 
 def predict(

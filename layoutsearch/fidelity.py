@@ -124,7 +124,7 @@ def order_errors_by_gap(predicted: pd.DataFrame,
     """How often two measured layouts of one job ran in the order opposite to the predicted
     one, by how far apart their predicted MFUs were: the confidence a ranking deserves.
 
-    Every pair of `ok` rows of a group (twins collapsed) counts once; its gap is
+    Every pair of priced `ok` rows of a group (twins collapsed) counts once; its gap is
     |p1 - p2| / max(p1, p2) of the predicted MFUs. Returns one row per bin: `gap_from`,
     `gap_to`, `pairs`, `wrong_order` (the share measured the other way round; a measured
     tie is not wrong).
@@ -134,8 +134,12 @@ def order_errors_by_gap(predicted: pd.DataFrame,
     gaps, wrong = [], []
     for _, group in ok.groupby(list(GROUP_COLUMNS), observed=True):
         p, m = group["predicted_mfu"].to_numpy(float), group["mfu"].to_numpy(float)
-        i, j = np.triu_indices(len(group), k=1)
-        gaps.append(np.abs(p[i] - p[j]) / np.maximum(p[i], p[j]))
+        priced = np.isfinite(p) & np.isfinite(m)  # an unpriced row is in no pair
+        p, m = p[priced], m[priced]
+        i, j = np.triu_indices(len(p), k=1)
+        larger = np.maximum(p[i], p[j])
+        gaps.append(np.divide(np.abs(p[i] - p[j]), larger, out=np.zeros(len(i)),
+                              where=larger > 0))  # two predictions of 0: no gap
         wrong.append((p[i] - p[j]) * (m[i] - m[j]) < 0)
     gap = np.concatenate(gaps) if gaps else np.array([])
     flipped = np.concatenate(wrong) if wrong else np.array([], dtype=bool)

@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pandas as pd
 
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
@@ -46,9 +49,10 @@ def headroom_note(ranked: pd.DataFrame) -> str:
 
 CLOSE_CALL_GAP = 0.05
 """Relative gap in predicted MFU within which the analytic model cannot call the order of two
-layouts: on the study's runs, the pairs of measured layouts of one job predicted within 5 %
-of each other ran in the other order in 32 % of 1,631 pairs, those further apart in 4 % of
-8,395 (benchmarks/fidelity.py prints the table, layoutsearch.fidelity.order_errors_by_gap)."""
+layouts: on the study's runs, the shipped constants' pairs of measured layouts of one job
+predicted within 5 % of each other ran in the other order in 32 % of 1,631 pairs, pairs 5-10 %
+apart in 15 %, pairs further apart in under 5 % (benchmarks/fidelity.py prints the table;
+layoutsearch.fidelity.order_errors_by_gap)."""
 CLOSE_CALL_WRONG_ORDER = 0.32
 """That share of close pairs measured the other way round (same source)."""
 CLOSE_CALL_MAX_TRIALS = 8
@@ -56,29 +60,37 @@ CLOSE_CALL_MAX_TRIALS = 8
 `cost_models.top_k=8`: a tie-break of a few short trials, not a sweep."""
 
 
-def close_call_note(ranked: pd.DataFrame) -> str:
+def close_call_note(ranked: pd.DataFrame, *,
+                    launchable: Callable[[dict[str, Any]], bool] = lambda row: True,
+                    prescreen: str = "analytic") -> str:
     """A note when other fitting layouts are within CLOSE_CALL_GAP of the best's predicted
     MFU, naming the next one and the measured search that settles the order; "" otherwise.
 
-    Meant for a ranking by the analytic model, whose error decides what "close" means.
+    Meant for a grid ranking by the analytic model, whose error decides what "close" means.
+    Only rows `launchable` says a measured search would launch (one whose Megatron-LM
+    command runs the layout as asked) are counted, named and suggested for measuring;
+    `prescreen` is the cost model the suggested measured search ranks with.
     """
     if ranked.empty or not bool(ranked["fits"].iloc[0]):
         return ""
-    fitting = ranked[ranked["fits"].astype(bool)]
-    best = float(fitting["mfu"].iloc[0])
-    close = fitting[fitting["mfu"] >= best * (1 - CLOSE_CALL_GAP)]
-    others = len(close) - 1
-    if others == 0:
+    fitting = ranked[ranked["fits"].astype(bool) & ranked["mfu"].notna()]
+    if fitting.empty:
         return ""
-    runner_up = close.iloc[1]
-    layout = Layout.from_row({str(k): v for k, v in runner_up.items()}).describe()
-    trials = min(len(close), CLOSE_CALL_MAX_TRIALS)
-    count = "1 other layout is" if others == 1 else f"{others} other layouts are"
+    best = fitting.iloc[0]
+    close = fitting[fitting["mfu"] >= float(best["mfu"]) * (1 - CLOSE_CALL_GAP)]
+    rows = [{str(k): v for k, v in row.items()} for row in close.to_dict("records")]
+    others = [row for row in rows[1:] if launchable(row)]
+    if not others:
+        return ""
+    runner_up = others[0]
+    trials = min(len(others) + int(launchable(rows[0])), CLOSE_CALL_MAX_TRIALS)
+    count = "1 other layout is" if len(others) == 1 else f"{len(others)} other layouts are"
     return (f"{count} within {100 * CLOSE_CALL_GAP:.0f} % of the best's predicted MFU (the "
-            f"next: {layout}, MFU {float(runner_up['mfu']):.3f}); on the study's runs "
-            f"{100 * CLOSE_CALL_WRONG_ORDER:.0f} % of the layout pairs predicted this close ran "
-            f"in the other order. Measure the top {trials} before committing: cost_models=measured "
-            f"cost_models.prescreen=analytic cost_models.top_k={trials}.")
+            f"next: {Layout.from_row(runner_up).describe()}, MFU {float(runner_up['mfu']):.3f}"
+            f"); on the study's runs {100 * CLOSE_CALL_WRONG_ORDER:.0f} % of the layout pairs "
+            f"the shipped analytic model predicted this close ran in the other order. Measure "
+            f"the top {trials} before committing: cost_models=measured "
+            f"cost_models.prescreen={prescreen} cost_models.top_k={trials}.")
 
 
 def rank(scored: pd.DataFrame) -> pd.DataFrame:

@@ -108,6 +108,11 @@ class ModelSpec:
             _require_positive_int(owner, "num_query_groups", self.num_query_groups)
         if self.rope_scaling_factor is not None:
             _require_positive_number(owner, "rope_scaling_factor", self.rope_scaling_factor)
+            if self.position_embedding_type != "rope":
+                raise LayoutSearchError(
+                    f"{owner}.rope_scaling_factor={self.rope_scaling_factor!r}: scales RoPE, "
+                    f"but position_embedding_type is {self.position_embedding_type!r}; set it "
+                    "to null or use rope")
         for name in ("swiglu", "untie_embeddings", "add_bias_linear"):
             _require_bool(owner, name, getattr(self, name))
         if self.hidden_size % self.num_attention_heads:
@@ -291,6 +296,8 @@ class Job:
             "num_gpus": self.num_gpus,
             "gpus_per_node": self.cluster.gpus_per_node,
             "global_batch_size": self.global_batch_size,
-            **{name: getattr(m, name) for name in COMMAND_FIELDS},
+            # Unset (None) fields stay out: tables and optuna studies of models without them
+            # keep the columns (and fingerprints) they had before the field existed.
+            **{name: getattr(m, name) for name in COMMAND_FIELDS if getattr(m, name) is not None},
         }
 

@@ -15,6 +15,7 @@ import layoutsearch
 from layoutsearch import LayoutSearchError, ModelSpec, NoLayoutFitsWarning, predict, search
 from layoutsearch.costs import ReplayCostModel
 from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.paths import config_dir
 
 JOB: dict[str, Any] = dict(model="llama_13b", cluster="a100_80gb", num_gpus=64,
                            seq_length=2048, global_batch_size=2048)
@@ -120,14 +121,29 @@ def test_a_feasible_search_does_not_warn() -> None:
 
 
 def test_close_runners_up_of_the_analytic_model_get_a_note(ranked: pd.DataFrame) -> None:
-    # LLaMA 13B on 64 A100s: several layouts come within 5 % of the best's predicted MFU.
+    # LLaMA 13B on 64 A100s: six fitting layouts within 5 % of the best's predicted MFU, three
+    # of them flash1 ones, which no current Megatron-LM command runs (a measured search
+    # passes over them): three to name, four to measure.
     fitting = ranked[ranked["fits"]]
-    close = int((fitting["mfu"] >= 0.95 * fitting["mfu"].iloc[0]).sum()) - 1
-    assert close > 1
-    assert ranked.attrs["close_call_note"].startswith(f"{close} other layouts are within 5 %")
+    close = fitting[fitting["mfu"] >= 0.95 * fitting["mfu"].iloc[0]]
+    assert len(close) == 7 and (close["attention"] == "flash1").sum() == 3
+    note = ranked.attrs["close_call_note"]
+    assert note.startswith("3 other layouts are within 5 % of the best's predicted MFU (the "
+                           "next: tp1 pp2 dp32 mb2 flash2+rmsnorm")
+    assert note.endswith("cost_models.prescreen=analytic cost_models.top_k=4.")
     pinned = search(**JOB, tp=1, pp=1, micro_batch_size=1, attention="flash2",
                     rmsnorm_kernel=True, recompute="none")
     assert pinned.attrs["close_call_note"] == ""  # one layout left: nothing to call
+
+
+def test_the_close_call_note_names_the_constants_that_ranked(tmp_path: Path) -> None:
+    prior = search(**JOB, cost_model="analytic_prior")
+    assert "cost_models.prescreen=analytic_prior " in prior.attrs["close_call_note"]
+    own = tmp_path / "mine.yaml"
+    shipped = config_dir("cost_models") / "analytic.yaml"
+    own.write_text(shipped.read_text().replace("gemm_efficiency: 0.752", "gemm_efficiency: 0.7"))
+    mine = search(**JOB, cost_model=own)
+    assert f"cost_models.prescreen={own} " in mine.attrs["close_call_note"]
 
 
 def test_measured_mfus_get_no_close_call_note(tmp_path: Path,

@@ -159,3 +159,14 @@ def test_order_errors_by_gap_by_hand() -> None:
     # A gap of exactly 1 (a predicted MFU of 0) is in the last bin.
     zero = rows.assign(predicted_mfu=[0.5, 0.485, 0.0, 0.2, 0.4])
     assert order_errors_by_gap(zero, edges=(0.0, 0.05, 1.0))["pairs"].tolist() == [1, 2]
+
+
+def test_order_errors_leave_unpriced_rows_out_and_count_two_zeros_as_no_gap() -> None:
+    rows = pd.DataFrame([
+        run(JOB_13B, 1, 1, "ok", 0.50, 0.0, True),
+        run(JOB_13B, 2, 1, "ok", 0.40, 0.0, True),      # same prediction: gap 0, not wrong
+        run(JOB_13B, 4, 1, "ok", 0.45, np.nan, True),   # unpriced: in no pair
+    ])
+    order = order_errors_by_gap(rows, edges=(0.0, 0.05, 1.0))
+    assert order["pairs"].tolist() == [1, 0]
+    assert order["wrong_order"].iloc[0] == 0.0

@@ -95,6 +95,9 @@ def test_model_rejects_bad_shapes() -> None:
         _tiny(rotary_base=1e6)
     with pytest.raises(LayoutSearchError, match=r"rope_scaling_factor=0: must be a positive"):
         _tiny(rope_scaling_factor=0)
+    with pytest.raises(LayoutSearchError, match=r"rope_scaling_factor=8.0: scales RoPE, but "
+                       r"position_embedding_type is 'learned_absolute'"):
+        _tiny(rope_scaling_factor=8.0, position_embedding_type="learned_absolute")
     with pytest.raises(LayoutSearchError, match=r"normalization='BatchNorm'"):
         _tiny(normalization="BatchNorm")
 
@@ -143,3 +146,15 @@ def test_job_needs_whole_nodes() -> None:
     # Part of one node is fine.
     Job(model=_tiny(), cluster=load_cluster("a100_80gb"), num_gpus=4, seq_length=2048,
         global_batch_size=64)
+
+
+def test_unset_command_fields_stay_out_of_the_job_columns() -> None:
+    # A candidate table (and an optuna study's fingerprint) of a model without RoPE scaling
+    # has no rope_scaling_factor column; Llama 3.1 405B's has its factor.
+    cluster = load_cluster("h100_sxm")
+    plain = Job(model=load_model("llama3_8b"), cluster=cluster, num_gpus=8, seq_length=8192,
+                global_batch_size=64).columns()
+    assert "rope_scaling_factor" not in plain and plain["rotary_base"] == 500000
+    scaled = Job(model=load_model("llama3_405b"), cluster=cluster, num_gpus=1024,
+                 seq_length=8192, global_batch_size=1024).columns()
+    assert scaled["rope_scaling_factor"] == 8.0

@@ -19,12 +19,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from layoutsearch.costs.constants import AnalyticConstants, load_constants, parse_constants
 from layoutsearch.costs.memory import GIB, memory_breakdown
 from layoutsearch.costs.shapes import Array, Shapes
 from layoutsearch.costs.timing import time_breakdown
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.paths import config_dir
 from layoutsearch.specs import ClusterSpec
 
 
@@ -57,6 +59,18 @@ class AnalyticCostModel:
         """A digest of the constants: two files with the same constants price alike."""
         constants = {gpu: c.to_dict() for gpu, c in sorted(self.constants.items())}
         return hashlib.sha1(json.dumps(constants, sort_keys=True).encode()).hexdigest()[:16]
+
+    def config_name(self) -> str | None:
+        """The `cost_models/` config holding these very constants (e.g. `analytic`), if any:
+        the name a measured search's `prescreen` takes to rank as this model does."""
+        for path in sorted(config_dir("cost_models").glob("*.yaml")):
+            config = yaml.safe_load(path.read_text()) or {}
+            if config.get("_target_") != f"{__name__}.AnalyticCostModel":
+                continue
+            if AnalyticCostModel(parse_constants(config, str(path))).fingerprint() == \
+                    self.fingerprint():
+                return path.stem
+        return None
 
     def _per_row(self, shapes: Shapes) -> dict[str, Array]:
         codes, kinds = shapes.gpu_codes, shapes.gpu_kinds

@@ -7,6 +7,7 @@ every search well under a second with the analytic model.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -103,6 +104,8 @@ def test_search_returns_the_grid_columns_plus_the_trial() -> None:
     best = ranked[ranked["fits"]]["mfu"].max()
     assert best == ranked["mfu"].iloc[0]
     assert best <= grid["mfu"].max() + 1e-12  # it cannot beat the exhaustive search
+    # Only an exhaustive ranking can say which layouts come close to the best.
+    assert ranked.attrs["close_call_note"] == "" and grid.attrs["close_call_note"]
 
 
 def test_a_seed_makes_the_search_reproducible(tmp_path: Path) -> None:
@@ -185,6 +188,13 @@ def test_a_study_made_for_another_job_or_space_is_refused(tmp_path: Path,
                                    problem.clusters)
     with pytest.raises(LayoutSearchError, match=r"space tp: study \[1, 2, 4, 8\]"):
         OptunaDriver(n_trials=3, storage=url, study_name="s", progress=False).run(narrower)
+    # A model field one search sets and the other leaves unset is named, not passed over.
+    scaled = problem.job.model.replace(rope_scaling_factor=8.0)
+    rescaled = SearchProblem.build(dataclasses.replace(problem.job, model=scaled), problem.space,
+                                   counting, problem.clusters)
+    with pytest.raises(LayoutSearchError,
+                       match=r"job rope_scaling_factor: study \(absent\), this search 8.0"):
+        OptunaDriver(n_trials=3, storage=url, study_name="s", progress=False).run(rescaled)
 
 
 def test_a_study_priced_by_other_constants_is_refused(tmp_path: Path) -> None:

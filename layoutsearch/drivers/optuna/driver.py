@@ -238,13 +238,24 @@ class OptunaDriver:
         return out
 
 
+class _Absent:
+    """A key one fingerprint has and the other lacks (not the same as a stored None)."""
+
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+ABSENT = _Absent()
+
+
 def _differences(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
     out = []
-    for part, new in wanted.items():
-        old = stored.get(part)
+    for part in sorted(set(stored) | set(wanted)):
+        old, new = stored.get(part, ABSENT), wanted.get(part, ABSENT)
         if isinstance(old, Mapping) and isinstance(new, Mapping):
-            out += [f"{part} {key}: study {old.get(key)!r}, this search {new.get(key)!r}"
-                    for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+            out += [f"{part} {key}: study {old.get(key, ABSENT)!r}, this search "
+                    f"{new.get(key, ABSENT)!r}" for key in sorted(set(old) | set(new))
+                    if old.get(key, ABSENT) != new.get(key, ABSENT)]
         elif old != new:
             out.append(f"{part}: study {old!r}, this search {new!r}")
     return out
