@@ -40,7 +40,7 @@ from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.megatron import emit_megatron
 from layoutsearch.paths import config_dir
 from layoutsearch.reporting import report as write_run_report
-from layoutsearch.reporting.sweep import ERROR_FILE, collect_sweep, write_summary
+from layoutsearch.reporting.sweep import ERROR_FILE, collect_sweep, write_notes, write_summary
 from layoutsearch.space import DP_IS_DERIVED, SearchSpace
 from layoutsearch.specs import ClusterSpec, GPUSpec, Job, ModelSpec
 
@@ -96,6 +96,7 @@ def run(config: Mapping[str, Any], output_dir: Path) -> pd.DataFrame:
     output_dir.mkdir(parents=True, exist_ok=True)
     csv = output_dir / "ranked.csv"
     ranked.to_csv(csv, index=False)
+    write_notes(ranked, output_dir)
     markdown = write_run_report(ranked, output_dir)
     print(report(ranked, space, top_k=top_k))
     if emit is not None:

@@ -1,9 +1,9 @@
 """One table for a whole `--multirun`: every job's overrides, best layout and MFU.
 
-Reads each job's `ranked.csv` (or the `error.txt` of a job whose input was wrong) and
-`.hydra/overrides.yaml` from a sweep directory (so it works with any launcher, local or
-remote) and writes `multirun.csv`, `multirun.md` and
-`multirun_mfu.png` there. The CLI's Hydra callback (`cli.MultirunSummary`) calls it when a
+Reads each job's `ranked.csv` (or the `error.txt` of a job whose input was wrong), its
+`notes.yaml` and `.hydra/overrides.yaml` from a sweep directory (so it works with any
+launcher, local or remote) and writes `multirun.csv`, `multirun.md` and `multirun_mfu.png`
+there. The CLI's Hydra callback (`cli.MultirunSummary`) calls it when a
 sweep ends; it can also be run on a finished sweep directory.
 
     layoutsearch --multirun model=llama_13b,llama_30b num_gpus=64,128 seq_length=2048,8192
@@ -29,6 +29,18 @@ BEST_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "tokens_per_s", "peak_mem
                 "fits", "reason")
 ERROR_FILE = "error.txt"
 """What a job of a sweep writes instead of `ranked.csv` when its input is wrong (cli.py)."""
+NOTES_FILE = "notes.yaml"
+"""The search's notes on its answer, which `ranked.csv` cannot carry, beside it (cli.py)."""
+NOTE_TAGS = {"headroom_note": "tight memory", "close_call_note": "close call"}
+"""`ranked.attrs` notes a job records, with the tag the sweep table shows for each."""
+
+
+def write_notes(ranked: pd.DataFrame, job_dir: Path) -> Path:
+    """`notes.yaml`: the ranking's non-empty notes (`ranked.attrs`), by name."""
+    notes = {name: ranked.attrs[name] for name in NOTE_TAGS if ranked.attrs.get(name)}
+    path = job_dir / NOTES_FILE
+    path.write_text(yaml.safe_dump(notes, sort_keys=False, width=1_000))
+    return path
 
 
 def _overrides(job_dir: Path) -> str:
@@ -59,6 +71,9 @@ def collect_sweep(sweep_dir: Path) -> pd.DataFrame:
         row["feasible"] = int(ranked["fits"].astype(bool).sum())
         row.update({c: best[c] for c in BEST_COLUMNS if c in best.index})
         row["layout"] = label(best) if bool(best["fits"]) else ""
+        notes = job_dir / NOTES_FILE
+        if notes.is_file():
+            row.update(yaml.safe_load(notes.read_text()) or {})
         rows.append(row)
     # A failed job has no sizes: nullable integers keep the others' 8 from becoming 8.0.
     return pd.DataFrame(rows).convert_dtypes()
@@ -111,10 +126,12 @@ def write_summary(table: pd.DataFrame, sweep_dir: Path) -> Path:
                 f"{100 * r['mfu']:.1f}" if fits else "—",
                 f"{r['step_time_s']:.2f}" if fits else "—",
                 f"{r['peak_memory_gib']:.1f}" if fits else "—",
+                ", ".join(tag for name, tag in NOTE_TAGS.items() if pd.notna(r.get(name))),
             ])
         lines += ["![best MFU per job](multirun_mfu.png)", "",
                   markdown_table(rows, ["job", "overrides", "best layout", "MFU (%)",
-                                        "step time (s)", "peak memory (GiB)"]), ""]
+                                        "step time (s)", "peak memory (GiB)", "notes"]),
+                  ""]
     path = sweep_dir / "multirun.md"
     path.write_text("\n".join(lines))
     return path

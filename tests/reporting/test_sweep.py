@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from layoutsearch.reporting.sweep import ERROR_FILE, collect_sweep, write_summary
+from layoutsearch import search
+from layoutsearch.reporting.sweep import ERROR_FILE, NOTES_FILE, collect_sweep, write_summary
 
 
 def _job(sweep: Path, name: str, overrides: list[str], rows: list[dict[str, object]]) -> None:
@@ -75,4 +76,15 @@ def test_the_command_writes_the_sweep_table(tmp_path: Path) -> None:
         ranked = pd.read_csv(tmp_path / job / "ranked.csv")
         assert table.loc[int(job), "mfu"] == ranked.loc[0, "mfu"]
         assert (tmp_path / job / "report.md").is_file()
-    assert "# Sweep summary: 2 jobs" in (tmp_path / "multirun.md").read_text()
+    summary = (tmp_path / "multirun.md").read_text()
+    assert "# Sweep summary: 2 jobs" in summary
+    # Each job's notes reach the sweep table: 13B on 64 GPUs has close runners-up (and room
+    # to spare), as the same search in Python says.
+    ranked = search(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
+                    tp=[1, 2], pp=[1, 2])
+    assert ranked.attrs["close_call_note"] and not ranked.attrs["headroom_note"]
+    notes = yaml.safe_load((tmp_path / "0" / NOTES_FILE).read_text())
+    assert notes == {"close_call_note": ranked.attrs["close_call_note"]}
+    assert table.loc[0, "close_call_note"] == ranked.attrs["close_call_note"]
+    first = next(line for line in summary.splitlines() if line.startswith("| [0](0/report.md)"))
+    assert first.endswith("| close call |")
