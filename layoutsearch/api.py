@@ -24,6 +24,7 @@ from layoutsearch.errors import LayoutSearchError
 from layoutsearch.measurements import read_table, validate_measurements
 from layoutsearch.megatron import with_megatron_args
 from layoutsearch.megatron.args import command_of_row
+from layoutsearch.megatron.settings import resolve_settings
 from layoutsearch.problem import SearchProblem
 from layoutsearch.results import close_call_note, headroom_note, no_fit_message, rank
 from layoutsearch.rules import violations
@@ -147,8 +148,9 @@ def _close_call_note(ranked: pd.DataFrame, scorer: CostModel, searcher: Driver,
             prescreen = str(constants_path(scorer.source))
         except LayoutSearchError:
             prescreen = "<a YAML file of these constants>"
+    settings = resolve_settings(None)  # the measured search's default Megatron-LM settings
     return close_call_note(ranked, prescreen=prescreen,
-                           launchable=lambda row: command_of_row(row, clusters).exact)
+                           launchable=lambda row: command_of_row(row, clusters, settings).exact)
 
 
 def predict(
