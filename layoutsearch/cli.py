@@ -40,7 +40,14 @@ from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.megatron import emit_megatron
 from layoutsearch.paths import config_dir
 from layoutsearch.reporting import report as write_run_report
-from layoutsearch.reporting.sweep import ERROR_FILE, collect_sweep, write_notes, write_summary
+from layoutsearch.reporting.sweep import (
+    ERROR_FILE,
+    RANKED_FILE,
+    collect_sweep,
+    forget_job_outputs,
+    write_notes,
+    write_summary,
+)
 from layoutsearch.space import DP_IS_DERIVED, SearchSpace
 from layoutsearch.specs import ClusterSpec, GPUSpec, Job, ModelSpec
 
@@ -94,7 +101,7 @@ def run(config: Mapping[str, Any], output_dir: Path) -> pd.DataFrame:
             driver=build_driver(config["driver"]),
         )
     output_dir.mkdir(parents=True, exist_ok=True)
-    csv = output_dir / "ranked.csv"
+    csv = output_dir / RANKED_FILE
     ranked.to_csv(csv, index=False)
     write_notes(ranked, output_dir)
     markdown = write_run_report(ranked, output_dir)
@@ -325,6 +332,7 @@ def _app(cfg: DictConfig) -> None:
     config = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))  # keys are str
     hydra_config = HydraConfig.get()
     output_dir = Path(hydra_config.runtime.output_dir)
+    forget_job_outputs(output_dir)
     try:
         run(config, output_dir)
     except LayoutSearchError as error:

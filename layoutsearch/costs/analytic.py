@@ -11,7 +11,6 @@ overheads per GPU kind — come from `cost_models/analytic.yaml` or a calibrated
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -63,8 +62,20 @@ class AnalyticCostModel:
 
     def config_name(self) -> str | None:
         """The `cost_models/` config holding these very constants (e.g. `analytic`), if any:
-        the name a measured search's `prescreen` takes to rank as this model does."""
-        return _config_names().get(self.fingerprint())
+        the name a measured search's `prescreen` takes to rank as this model does. Files that
+        are not analytic configs, or not valid ones, are passed over."""
+        for path in sorted(config_dir("cost_models").glob("*.yaml")):
+            try:
+                config = yaml.safe_load(path.read_text())
+                if not (isinstance(config, dict)
+                        and config.get("_target_") == f"{__name__}.AnalyticCostModel"):
+                    continue
+                constants = parse_constants(config, str(path))
+            except (yaml.YAMLError, LayoutSearchError):
+                continue
+            if AnalyticCostModel(constants).fingerprint() == self.fingerprint():
+                return path.stem
+        return None
 
     def _per_row(self, shapes: Shapes) -> dict[str, Array]:
         codes, kinds = shapes.gpu_codes, shapes.gpu_kinds
@@ -111,17 +122,6 @@ class AnalyticCostModel:
         frame = pd.DataFrame(out, index=candidates.index)
         frame["cost_reason"] = _memory_reasons(peak_bytes / GIB, shapes.memory_bytes / GIB, fits)
         return frame
-
-
-@functools.cache
-def _config_names() -> dict[str, str]:
-    """Fingerprint -> name of every analytic config in `cost_models/` (read once)."""
-    names: dict[str, str] = {}
-    for path in sorted(config_dir("cost_models").glob("*.yaml"), reverse=True):
-        config = yaml.safe_load(path.read_text()) or {}
-        if config.get("_target_") == f"{__name__}.AnalyticCostModel":
-            names[AnalyticCostModel(parse_constants(config, str(path))).fingerprint()] = path.stem
-    return names
 
 
 def _memory_reasons(peak_gib: Array, limit_gib: Array, fits: Array) -> Array:

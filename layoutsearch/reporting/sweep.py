@@ -27,12 +27,21 @@ from layoutsearch.reporting.markdown import markdown_table
 JOB_COLUMNS = ("model", "vocab_size", "gpu", "num_gpus", "seq_length", "global_batch_size")
 BEST_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "tokens_per_s", "peak_memory_gib",
                 "fits", "reason")
+RANKED_FILE = "ranked.csv"
+"""A job's whole ranking (cli.py)."""
 ERROR_FILE = "error.txt"
 """What a job of a sweep writes instead of `ranked.csv` when its input is wrong (cli.py)."""
 NOTES_FILE = "notes.yaml"
 """The search's notes on its answer, which `ranked.csv` cannot carry, beside it (cli.py)."""
 NOTE_TAGS = {"headroom_note": "tight memory", "close_call_note": "close call"}
 """`ranked.attrs` notes a job records, with the tag the sweep table shows for each."""
+
+
+def forget_job_outputs(job_dir: Path) -> None:
+    """Remove what an earlier run of this job left (a rerun into the same directory): the
+    summary must not read an old ranking beside a new error, or old notes."""
+    for name in (RANKED_FILE, NOTES_FILE, ERROR_FILE):
+        (job_dir / name).unlink(missing_ok=True)
 
 
 def write_notes(ranked: pd.DataFrame, job_dir: Path) -> Path:
@@ -53,7 +62,7 @@ def _overrides(job_dir: Path) -> str:
 def collect_sweep(sweep_dir: Path) -> pd.DataFrame:
     """One row per job of the sweep: its best (first) row, or its `error` message."""
     rows: list[dict[str, Any]] = []
-    outputs = [*sweep_dir.rglob("ranked.csv"), *sweep_dir.rglob(ERROR_FILE)]
+    outputs = [*sweep_dir.rglob(RANKED_FILE), *sweep_dir.rglob(ERROR_FILE)]
     for output in sorted(outputs, key=lambda p: _job_key(sweep_dir, p)):
         job_dir = output.parent
         row: dict[str, Any] = {"job": str(job_dir.relative_to(sweep_dir)),
@@ -73,7 +82,8 @@ def collect_sweep(sweep_dir: Path) -> pd.DataFrame:
         row["layout"] = label(best) if bool(best["fits"]) else ""
         notes = job_dir / NOTES_FILE
         if notes.is_file():
-            row.update(yaml.safe_load(notes.read_text()) or {})
+            recorded = yaml.safe_load(notes.read_text()) or {}
+            row.update({name: recorded[name] for name in NOTE_TAGS if recorded.get(name)})
         rows.append(row)
     # A failed job has no sizes: nullable integers keep the others' 8 from becoming 8.0.
     return pd.DataFrame(rows).convert_dtypes()

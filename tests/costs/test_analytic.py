@@ -73,3 +73,27 @@ def test_fidelity_on_the_study_runs_stays_at_its_measured_level() -> None:
 def test_the_megatron_settings_are_not_a_cost_model() -> None:
     with pytest.raises(LayoutSearchError, match="cost_models=measured"):
         build_cost_model("megatron")
+
+
+def test_config_name_finds_the_shipped_constants_and_passes_over_other_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    import layoutsearch.costs.analytic as analytic
+    from layoutsearch.paths import config_dir
+    shipped = build_cost_model("analytic")
+    prior = build_cost_model("analytic_prior")
+    assert isinstance(shipped, analytic.AnalyticCostModel)
+    assert isinstance(prior, analytic.AnalyticCostModel)
+    assert (shipped.config_name(), prior.config_name()) == ("analytic", "analytic_prior")
+    # A user's cost_models/ with broken or foreign files beside the analytic ones.
+    mine = tmp_path / "cost_models"
+    shutil.copytree(config_dir("cost_models"), mine)
+    (mine / "aaa_broken.yaml").write_text("gpus: [unclosed\n")
+    (mine / "aab_list.yaml").write_text("- 1\n- 2\n")
+    (mine / "aac_empty.yaml").write_text(
+        "_target_: layoutsearch.costs.analytic.AnalyticCostModel\n")
+    monkeypatch.setattr(analytic, "config_dir", lambda group: tmp_path / group)
+    assert shipped.config_name() == "analytic"
+    (mine / "analytic_prior.yaml").unlink()
+    assert prior.config_name() is None  # read anew: a deleted config is not named

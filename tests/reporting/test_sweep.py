@@ -88,3 +88,20 @@ def test_the_command_writes_the_sweep_table(tmp_path: Path) -> None:
     assert table.loc[0, "close_call_note"] == ranked.attrs["close_call_note"]
     first = next(line for line in summary.splitlines() if line.startswith("| [0](0/report.md)"))
     assert first.endswith("| close call |")
+
+
+def test_a_rerun_forgets_the_jobs_old_outputs_and_notes_keep_their_own_keys(
+        tmp_path: Path) -> None:
+    from layoutsearch.reporting.sweep import forget_job_outputs
+    _job(tmp_path, "0", ["num_gpus=64"], [ROW])
+    (tmp_path / "0" / NOTES_FILE).write_text(yaml.safe_dump(
+        {"close_call_note": "2 other layouts are within 5 %", "mfu": 0.99, "headroom_note": ""}))
+    table = collect_sweep(tmp_path)
+    assert table.loc[0, "mfu"] == 0.61  # a stray key in notes.yaml overwrites nothing
+    assert table.loc[0, "close_call_note"] == "2 other layouts are within 5 %"
+    assert "headroom_note" not in table.columns
+    # The same job rerun into this directory with a wrong input: only its error is left.
+    forget_job_outputs(tmp_path / "0")
+    (tmp_path / "0" / ERROR_FILE).write_text("job.num_gpus=12: must be a whole number of nodes\n")
+    table = collect_sweep(tmp_path)
+    assert len(table) == 1 and table.loc[0, "error"].startswith("job.num_gpus=12")
