@@ -19,7 +19,12 @@ from typing import Any
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.megatron.args import MegatronCommand
 from layoutsearch.megatron.settings import MegatronSettings
-from layoutsearch.megatron.slurm_options import sbatch_options, sbatch_seconds, script_lines
+from layoutsearch.megatron.slurm_options import (
+    sbatch_options,
+    sbatch_seconds,
+    script_lines,
+    whole_minutes,
+)
 
 DEFAULT_TIMEOUT_S = 1800.0
 """Seconds (s) a trial may run when neither the user nor a prediction says otherwise."""
@@ -93,7 +98,7 @@ def trial_time_limit_s(settings: MegatronSettings, step_time_s: float | None) ->
 
 def _clock(seconds: float) -> str:
     """An sbatch --time of whole minutes, rounded up (at least one): HH:MM:00."""
-    minutes = max(1, math.ceil(seconds / 60))
+    minutes = whole_minutes(seconds)
     return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
 
 
@@ -103,11 +108,7 @@ def _directive(name: str, setting: str, value: Any) -> list[str]:
         return [f"#SBATCH --{name}"]
     if value is False:
         return []
-    if isinstance(value, str | int | float):
-        return [f"#SBATCH --{name}={shlex.quote(str(value))}"]
-    raise LayoutSearchError(
-        f"megatron.slurm.{setting}={value!r}: an sbatch option takes a string, a number or a "
-        "boolean (a bare flag); only slurm_additional_parameters may be a mapping")
+    return [f"#SBATCH --{name}={shlex.quote(str(value))}"]  # checked: a string or a number
 
 
 def _time_warning(setting: str, value: Any, limit_s: float | None,

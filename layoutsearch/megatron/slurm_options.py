@@ -70,9 +70,19 @@ def _check_type(key: str, value: Any) -> None:
         raise LayoutSearchError(f"megatron.slurm.{key}={value!r}: must be {words}")
 
 
+def _check_option_value(shown: str, value: Any) -> None:
+    # One sbatch option: a string, a number, or a boolean (a bare flag / left out).
+    if not isinstance(value, str | int | float):  # bool is an int
+        raise LayoutSearchError(
+            f"megatron.slurm.{shown}={value!r}: an sbatch option takes a string, a number or a "
+            "boolean (a bare flag); only slurm_additional_parameters may be a mapping")
+    if _bare(shown.rpartition(".")[2]) == "time" and value is not False:
+        sbatch_seconds(shown, value)  # refuses what is not an sbatch time
+
+
 def check_slurm_settings(slurm: Mapping[str, Any]) -> None:
-    """Refuse what submitit would refuse or ignore, and anything that would launch another
-    job than the layout's, naming the setting."""
+    """Refuse what submitit or sbatch would refuse or ignore, and anything that would launch
+    another job than the layout's, naming the setting: once, for both Slurm paths."""
     for key, value in slurm.items():
         key = str(key)
         if value is None:
@@ -81,17 +91,23 @@ def check_slurm_settings(slurm: Mapping[str, Any]) -> None:
             raise LayoutSearchError(
                 f"megatron.slurm.{key}={value!r}: submitit takes Slurm options as slurm_<name> "
                 f"(e.g. slurm_{key}) or as its generic names ({', '.join(GENERIC_TYPES)})")
-        names = {key: _bare(key)}  # as shown to the user: as submitit reads it
-        if _bare(key) == "additional_parameters" and isinstance(value, Mapping):
-            names.update({f"{key}.{k}": str(k).replace("-", "_")
-                          for k, v in value.items() if v is not None})
-        for shown, name in names.items():
+        bare = _bare(key)
+        if bare == "additional_parameters" and not isinstance(value, Mapping):
+            raise LayoutSearchError(
+                f"megatron.slurm.{key}={value!r}: must be a mapping of sbatch option to "
+                "value, e.g. {reservation: my_reservation}")
+        # Each option as shown to the user, and its name as submitit reads it.
+        options = ({f"{key}.{k}": (str(k).replace("-", "_"), v) for k, v in value.items()
+                    if v is not None} if bare == "additional_parameters" else {key: (bare, value)})
+        for shown, (name, option) in options.items():
             if name in JOB_SHAPE:
                 raise LayoutSearchError(
                     f"megatron.slurm.{shown}: the nodes, tasks and GPUs per node follow from "
                     "the layout (num_gpus and gpus_per_node); leave it out")
+            if name not in SCRIPT_LINES and name not in SUBMITIT_ONLY:
+                _check_option_value(shown, option)
         _check_type(key, value)
-        if _bare(key) in SCRIPT_LINES and (isinstance(value, str | Mapping) or not all(
+        if bare in SCRIPT_LINES and (isinstance(value, str | Mapping) or not all(
                 isinstance(line, str) for line in value)):
             raise LayoutSearchError(
                 f"megatron.slurm.{key}={value!r}: must be a list of shell lines, "
@@ -121,11 +137,7 @@ def sbatch_options(slurm: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
         if bare in GENERIC_OPTIONS:
             options[GENERIC_OPTIONS[bare]] = (str(key), _mem(value) if bare == "mem_gb"
                                               else value)
-        elif bare == "additional_parameters":
-            if not isinstance(value, Mapping):
-                raise LayoutSearchError(
-                    f"megatron.slurm.{key}={value!r}: must be a mapping of sbatch option to "
-                    "value, e.g. {reservation: my_reservation}")
+        elif bare == "additional_parameters":  # a mapping (check_slurm_settings)
             for inner, inner_value in value.items():
                 if inner_value is not None:
                     options[str(inner).replace("_", "-")] = (f"{key}.{inner}", inner_value)
@@ -137,6 +149,11 @@ def sbatch_options(slurm: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
 def script_lines(slurm: Mapping[str, Any], part: str) -> list[str]:
     """The user's `slurm_setup` or `slurm_teardown` shell lines (checked to be strings)."""
     return [str(line) for line in slurm.get(f"slurm_{part}") or ()]
+
+
+def whole_minutes(seconds: float) -> int:
+    """A time limit in Slurm's whole minutes, rounded up (at least one): never shorter."""
+    return max(1, math.ceil(seconds / 60))
 
 
 def sbatch_seconds(setting: str, value: Any) -> float | None:
@@ -175,5 +192,5 @@ def submitit_parameters(slurm: Mapping[str, Any], *, nodes: int, gpus_per_node: 
         user[key] = value
     return {
         "nodes": nodes, "tasks_per_node": 1, "gpus_per_node": gpus_per_node,
-        "timeout_min": max(1, math.ceil(time_limit_s / 60)), "name": name, **user,
+        "timeout_min": whole_minutes(time_limit_s), "name": name, **user,
     }
