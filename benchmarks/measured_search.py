@@ -28,11 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import pandas as pd
-
 import layoutsearch
-from layoutsearch.layout import LAYOUT_COLUMNS, Layout
+from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.measurements import read_measurements
+from layoutsearch.reporting.explain import label
 from layoutsearch.testing import fake_measured_model, launches
 
 JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
@@ -44,10 +43,6 @@ RESUME_TOP_K = 4
 SLEEP_PER_ITERATION_S = 0.4  # slows each fake launch to ~2.5 s so the kill lands mid-search
 
 
-def _label(row: pd.Series) -> str:
-    return Layout.from_row(row).describe()
-
-
 def failures_and_prescreen(workdir: Path, top_k: int) -> None:
     analytic = layoutsearch.search(**JOB)
     model = fake_measured_model(workdir, top_k=top_k, inject=INJECT, timeout_s=HANG_TIMEOUT_S)
@@ -55,20 +50,20 @@ def failures_and_prescreen(workdir: Path, top_k: int) -> None:
     measured = layoutsearch.search(cost_model=model, **JOB)
     seconds = time.perf_counter() - start
     recorded = read_measurements(workdir / "measurements.csv")
-    same = _label(measured.iloc[0]) == _label(analytic.iloc[0])
+    same = label(measured.iloc[0]) == label(analytic.iloc[0])
     print(f"== measured search, top_k={top_k}, injected {INJECT} (hang limit {HANG_TIMEOUT_S:g} s)")
     print(f"layouts in the space: {len(analytic)}; predicted to fit: {int(analytic['fits'].sum())}")
-    print(f"analytic best: {_label(analytic.iloc[0])}  MFU {analytic.iloc[0]['mfu']:.3f}")
-    print(f"measured best: {_label(measured.iloc[0])}  MFU {measured.iloc[0]['mfu']:.3f}"
+    print(f"analytic best: {label(analytic.iloc[0])}  MFU {analytic.iloc[0]['mfu']:.3f}")
+    print(f"measured best: {label(measured.iloc[0])}  MFU {measured.iloc[0]['mfu']:.3f}"
           f"  -> same layout: {same}")
     print(f"launches: {len(launches(workdir))} (at most top_k={top_k}); wall time {seconds:.1f} s")
     for _, row in recorded.iterrows():
         note = f"  ({str(row['message']).splitlines()[0][:70]})" if row["status"] != "ok" else ""
-        print(f"  {row['status']:8s} {_label(row)}{note}")
+        print(f"  {row['status']:8s} {label(row)}{note}")
     again_model = fake_measured_model(workdir, top_k=top_k)
     again = layoutsearch.search(cost_model=again_model, **JOB)
     print(f"the same search again over that file: {again_model.launched} launches, best "
-          f"{_label(again.iloc[0])}")
+          f"{label(again.iloc[0])}")
 
 
 CHILD = """

@@ -29,9 +29,9 @@ from measured_runs import RUNS_HELP, default_runs
 
 from layoutsearch.catalog import clusters_by_gpu, load_cluster
 from layoutsearch.costs.base import CostModel
-from layoutsearch.costs.replay import KEY, ReplayCostModel, summarize_runs
+from layoutsearch.costs.replay import ReplayCostModel, summarize_runs
 from layoutsearch.drivers.optuna import OptunaDriver
-from layoutsearch.measurements import JOB_KEY, read_measurements
+from layoutsearch.measurements import JOB_KEY, MEASUREMENT_KEY, read_measurements
 from layoutsearch.problem import SearchProblem
 from layoutsearch.rules import violations
 from layoutsearch.space import KNOBS, SearchSpace
@@ -77,8 +77,9 @@ def job_problem(runs: pd.DataFrame, source: str) -> tuple[SearchProblem, pd.Data
     candidates = space.candidates(job)
     clusters = {**clusters_by_gpu(), cluster.gpu.name: cluster}
     rules = violations(candidates, clusters)
-    keys = candidates.loc[:, list(KEY)].merge(
-        measured.loc[:, list(KEY)].assign(_measured=True), on=list(KEY), how="left"
+    key = list(MEASUREMENT_KEY)
+    keys = candidates.loc[:, key].merge(
+        measured.loc[:, key].assign(_measured=True), on=key, how="left"
     )["_measured"].fillna(False).astype(bool).to_numpy()
     candidates["rule_reason"] = rules.where(keys | (rules != ""), f"not measured in {source}")
     rejected = int((keys & (rules != "")).sum())
@@ -112,7 +113,7 @@ def main() -> None:
     for _, job_runs in runs.groupby(list(JOB_KEY), sort=False):
         problem, measured = job_problem(job_runs, Path(args.runs).name)
         eligible = problem.candidates[problem.candidates["rule_reason"] == ""]
-        merged = eligible.loc[:, list(KEY)].merge(measured, on=list(KEY))
+        merged = eligible.loc[:, list(MEASUREMENT_KEY)].merge(measured, on=list(MEASUREMENT_KEY))
         best = float(merged["mfu"].max())
         target = best - WITHIN_MFU
         good = int((merged["mfu"] >= target).sum())

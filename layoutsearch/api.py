@@ -21,10 +21,10 @@ from layoutsearch.costs.analytic import AnalyticCostModel
 from layoutsearch.costs.constants import constants_path
 from layoutsearch.drivers import Driver, GridDriver, build_driver
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.layout import Layout
 from layoutsearch.measurements import read_table, validate_measurements
 from layoutsearch.megatron import with_megatron_args
-from layoutsearch.megatron.args import command_of_row
-from layoutsearch.megatron.settings import resolve_settings
+from layoutsearch.megatron.args import build_command
 from layoutsearch.problem import SearchProblem
 from layoutsearch.results import close_call_note, headroom_note, no_fit_message, rank
 from layoutsearch.rules import violations
@@ -128,29 +128,33 @@ def search(
     ranked.attrs["job"] = job
     ranked.attrs["message"] = message or ""
     ranked.attrs["headroom_note"] = headroom_note(ranked)
-    ranked.attrs["close_call_note"] = _close_call_note(ranked, scorer, searcher, clusters)
+    ranked.attrs["close_call_note"] = _close_call_note(ranked, scorer, searcher, job)
     if message:
         warnings.warn(message, NoLayoutFitsWarning, stacklevel=2)
     return ranked
 
 
-def _close_call_note(ranked: pd.DataFrame, scorer: CostModel, searcher: Driver,
-                     clusters: Mapping[str, ClusterSpec]) -> str:
+def _close_call_note(ranked: pd.DataFrame, scorer: CostModel, searcher: Driver, job: Job,
+                     ) -> str:
     """The close-call note of an exhaustive analytic ranking; "" for any other: measured
     MFUs (replay, measured) carry no model error, and a sampling driver's table lacks the
     layouts it never scored."""
     if not (isinstance(scorer, AnalyticCostModel) and isinstance(searcher, GridDriver)):
         return ""
-    # The suggested measured search ranks with these constants: by their name or file.
-    prescreen = scorer.config_name()
-    if prescreen is None:
-        try:
-            prescreen = str(constants_path(scorer.source))
-        except LayoutSearchError:
-            prescreen = "<a YAML file of these constants>"
-    settings = resolve_settings(None)  # the measured search's default Megatron-LM settings
-    return close_call_note(ranked, prescreen=prescreen,
-                           launchable=lambda row: command_of_row(row, clusters, settings).exact)
+    # A layout's command caveats (e.g. flash1) come from the layout and model alone.
+    return close_call_note(ranked, prescreen=lambda: _constants_name(scorer),
+                           launchable=lambda row: build_command(Layout.from_row(row), job).exact)
+
+
+def _constants_name(model: AnalyticCostModel) -> str:
+    """How a measured search's `prescreen` names these constants: their config, or file."""
+    name = model.config_name()
+    if name is not None:
+        return name
+    try:
+        return str(constants_path(model.source))
+    except LayoutSearchError:
+        return "<a YAML file of these constants>"
 
 
 def predict(

@@ -12,6 +12,7 @@ only module of the package that imports Hydra.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 import warnings
@@ -42,6 +43,7 @@ from layoutsearch.paths import config_dir
 from layoutsearch.reporting import report as write_run_report
 from layoutsearch.reporting.sweep import (
     ERROR_FILE,
+    NOTE_TAGS,
     RANKED_FILE,
     collect_sweep,
     forget_job_outputs,
@@ -131,7 +133,7 @@ def report(ranked: pd.DataFrame, space: SearchSpace, top_k: int) -> str:
     ]
     if not fits:
         return "\n".join([*lines, "", ranked.attrs["message"]])
-    for note in ("headroom_note", "close_call_note"):
+    for note in NOTE_TAGS:
         if ranked.attrs.get(note):
             lines += ["", f"note: {ranked.attrs[note]}"]
     best = ranked.iloc[0]
@@ -237,6 +239,16 @@ def _left_to_defaults(override: Override, overrides: Sequence[Override]) -> bool
     return False
 
 
+def _parsed(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Override]] | None:
+    """The command line as Hydra parses it: its arguments and overrides; None on a syntax
+    error in an override, which Hydra itself then explains."""
+    args = get_args_parser().parse_args(list(argv))
+    try:
+        return args, OverridesParser.create().parse_overrides(overrides=args.overrides)
+    except HydraException:
+        return None
+
+
 def settable_spec_fields(argv: Sequence[str]) -> list[str]:
     """`argv` with `model.X=v` made `++model.X=v` where the chosen YAML leaves field X out.
 
@@ -244,12 +256,10 @@ def settable_spec_fields(argv: Sequence[str]) -> list[str]:
     the rest to the spec's defaults, so Hydra's struct mode would refuse to set those
     (`model.position_embedding_type=rope`); `++` sets a key whether or not it is there.
     """
-    args = get_args_parser().parse_args(list(argv))
-    parser = OverridesParser.create()
-    try:
-        overrides = parser.parse_overrides(overrides=args.overrides)
-    except HydraException:
-        return list(argv)  # a syntax error: Hydra explains it
+    parsed = _parsed(argv)
+    if parsed is None:
+        return list(argv)
+    args, overrides = parsed
     given = dict(zip(args.overrides, overrides, strict=True))
     return [f"++{item}" if item in given and given[item].type is OverrideType.CHANGE
             and _left_to_defaults(given[item], overrides) else item for item in argv]
@@ -277,11 +287,10 @@ def check_group_choices(argv: Sequence[str]) -> None:
     Hydra would report them too, but with status 1 and no suggestion. Skipped when the user
     adds config folders of their own (`--config-dir`, `hydra.searchpath=`).
     """
-    args = get_args_parser().parse_args(list(argv))
-    try:
-        overrides = OverridesParser.create().parse_overrides(overrides=args.overrides)
-    except HydraException:
-        return  # a syntax error: Hydra explains it
+    parsed = _parsed(argv)
+    if parsed is None:
+        return
+    args, overrides = parsed
     if args.config_dir or any(o.key_or_group == "hydra.searchpath" for o in overrides):
         return
     known = _known_keys()

@@ -64,6 +64,7 @@ class AnalyticCostModel:
         """The `cost_models/` config holding these very constants (e.g. `analytic`), if any:
         the name a measured search's `prescreen` takes to rank as this model does. Files that
         are not analytic configs, or not valid ones, are passed over."""
+        mine = self.fingerprint()
         for path in sorted(config_dir("cost_models").glob("*.yaml")):
             try:
                 config = yaml.safe_load(path.read_text())
@@ -73,7 +74,7 @@ class AnalyticCostModel:
                 constants = parse_constants(config, str(path))
             except (yaml.YAMLError, LayoutSearchError):
                 continue
-            if AnalyticCostModel(constants).fingerprint() == self.fingerprint():
+            if AnalyticCostModel(constants).fingerprint() == mine:
                 return path.stem
         return None
 

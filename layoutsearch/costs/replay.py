@@ -27,8 +27,6 @@ from layoutsearch.errors import LayoutSearchError
 from layoutsearch.measurements import JOB_KEY, MEASUREMENT_KEY, read_measurements
 from layoutsearch.specs import ClusterSpec
 
-KEY = MEASUREMENT_KEY
-
 FAILED_REASONS = {
     "oom": "measured: out of memory",
     "unavailable": "measured: unavailable (a kernel refused the shape)",
@@ -43,7 +41,7 @@ memory is the most telling."""
 
 def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
     """The key columns, with sequence parallelism at tp = 1 counted as off (a no-op)."""
-    keys = frame.loc[:, list(KEY)].copy()
+    keys = frame.loc[:, list(MEASUREMENT_KEY)].copy()
     keys["sequence_parallel"] = keys["sequence_parallel"].astype(bool) & (keys["tp"] > 1)
     for column in ("gpu", "attention", "recompute", "normalization"):
         keys[column] = keys[column].astype(str)
@@ -63,7 +61,7 @@ def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
     for column in ("step_time_s", "mfu", "peak_memory_gib"):
         values = runs[column] if column in runs.columns else pd.Series(np.nan, index=runs.index)
         keys[column] = pd.to_numeric(values, errors="coerce").where(keys["_ok"])
-    grouped = keys.groupby(list(KEY), sort=False, dropna=False)
+    grouped = keys.groupby(list(MEASUREMENT_KEY), sort=False, dropna=False)
     summary = grouped[["step_time_s", "mfu", "peak_memory_gib"]].mean()
     summary["runs"] = grouped.size()
     failure = grouped["_failure"].min().map(dict(enumerate(FAILURE_ORDER)))
@@ -131,7 +129,7 @@ class ReplayCostModel:
     def score(
         self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec]
     ) -> pd.DataFrame:
-        missing = [c for c in KEY if c not in candidates.columns]
+        missing = [c for c in MEASUREMENT_KEY if c not in candidates.columns]
         if missing:
             raise LayoutSearchError(
                 f"replay cost model: candidates lack column(s) {', '.join(missing)} "
@@ -139,7 +137,7 @@ class ReplayCostModel:
             )
         keys = _canonical(candidates)
         keys["_row"] = np.arange(len(keys))
-        matched = keys.merge(self.measured, on=list(KEY), how="left", sort=False)
+        matched = keys.merge(self.measured, on=list(MEASUREMENT_KEY), how="left", sort=False)
         matched = matched.sort_values("_row", kind="stable")
         status = matched["status"].fillna("unmeasured").to_numpy(dtype=object)
         step = matched["step_time_s"].to_numpy(dtype=float)

@@ -146,8 +146,8 @@ class Shapes:
         global_batch = _floats(table, "global_batch_size")
         first, middle, last = stage_split(layer_counts, table["pp"].to_numpy(dtype=np.int64))
         single = pp == 1
-        stage_layers = np.stack([
-            np.where(single, 0, first), np.where(pp > 2, middle, 0), np.where(single, L, last),
+        stage_layers = np.stack([  # pp = 1: one stage, counted as the last (all layers)
+            np.where(single, 0, first), np.where(pp > 2, middle, 0), last,
         ]).astype(np.float64)
         micro_batches = global_batch / (mb * dp)
         stage_in_flight = np.stack([

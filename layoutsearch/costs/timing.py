@@ -121,8 +121,9 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
 
     # Recomputation repeats forward work before the backward pass.
     full = sh.is_recompute("full")
+    recomputes = [full, sh.is_recompute("selective"), sh.is_recompute("mlp")]
     recompute_layer_s = np.select(
-        [full, sh.is_recompute("selective"), sh.is_recompute("mlp")],
+        recomputes,
         [
             attn_gemm_fwd_s + mlp_gemm_fwd_s + score_flops / attention_rate
             + score_traffic / (1 + BACKWARD_TRAFFIC) / bandwidth + elementwise_fwd_s,
@@ -140,9 +141,7 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
         + np.where(t > 1, np.where(sh.sequence_parallel, 4.0, 2.0), 0.0)
     )
     recompute_kernels = np.select(
-        [full, sh.is_recompute("selective"), sh.is_recompute("mlp")],
-        [forward_kernels, attention_kernels, 3.0], default=0.0,
-    )
+        recomputes, [forward_kernels, attention_kernels, 3.0], default=0.0)
     kernels = passes * forward_kernels + recompute_kernels
 
     # Context parallelism passes each rank's K and V chunk around a ring (cp-1 steps) forward,

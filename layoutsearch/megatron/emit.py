@@ -68,10 +68,10 @@ def write_launch_scripts(ranked: pd.DataFrame, job: Job, out_dir: str | Path,
             .replace("+", "-")
         mfu = row.get("mfu")
         label = f"rank {rank}: {layout.describe()}" + (
-            f" (predicted MFU {float(mfu):.3f})" if mfu is not None and pd.notna(mfu) else "")
+            f" (predicted MFU {float(mfu):.3f})" if pd.notna(mfu) else "")
         # The predicted step time sizes the sbatch time limit (s); none when unpredicted.
         step = row.get("step_time_s")
-        step_time_s = float(step) if step is not None and pd.notna(step) else None
+        step_time_s = float(step) if pd.notna(step) else None
         paths.append(write_script(command, resolved, Path(out_dir) / f"{name}.sh", label,
                                   step_time_s=step_time_s))
     return paths
