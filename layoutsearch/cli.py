@@ -69,8 +69,9 @@ SUMMARY_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "peak_memory_gib", "he
 
 Emitter = Callable[..., object]
 EMITTERS: dict[str, Emitter] = {"megatron": emit_megatron}
-"""`emit=<name>` -> writer(ranked frame, run directory, top_k=...) of an extra output for
-the `top_k` best layouts (`emit=megatron top_k=5`: launch scripts). Register here."""
+"""`emit=<name>` -> writer(ranked frame, run directory, top_k=..., config=...) of an extra
+output for the `top_k` best layouts (`emit=megatron top_k=5`: launch scripts); `config` is
+the composed config, where a writer finds its own settings. Register here."""
 
 USER_ERROR_STATUS = 2  # the argparse convention for "the command line was wrong"
 
@@ -109,7 +110,7 @@ def run(config: Mapping[str, Any], output_dir: Path) -> pd.DataFrame:
     markdown = write_run_report(ranked, output_dir)
     print(report(ranked, space, top_k=top_k))
     if emit is not None:
-        EMITTERS[emit](ranked, output_dir, top_k=top_k)
+        EMITTERS[emit](ranked, output_dir, top_k=top_k, config=config)
     print(f"\nwrote {csv} and {markdown}")
     return ranked
 

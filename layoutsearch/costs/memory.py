@@ -47,7 +47,7 @@ def activation_bytes_per_layer(sh: Shapes) -> tuple[Array, Array]:
     """
     T, h, f, t = sh.tokens, sh.hidden, sh.ffn, sh.tp
     replicated = np.where(sh.sequence_parallel, 1.0 / t, 1.0)
-    norm_bytes = np.where(sh.rmsnorm_kernel, NORM_BYTES_FUSED, NORM_BYTES_UNFUSED)
+    norm_bytes = np.where(sh.fused_norm, NORM_BYTES_FUSED, NORM_BYTES_UNFUSED)
     norms = 2 * norm_bytes * T * h * replicated  # two norms per block
     linear_inputs = 2 * 2.0 * T * h * replicated  # QKV and FC1 keep the norms' outputs
     qkv = 2.0 * T * (h + 2 * sh.kv_width) / t  # q, k, v for the attention backward

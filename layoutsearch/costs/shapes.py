@@ -85,7 +85,10 @@ class Shapes:
     vp: Array
     micro_batch: Array
     sequence_parallel: Array  # flags, False where tp = 1 (a no-op there)
-    rmsnorm_kernel: Array  # flags
+    fused_norm: Array
+    """Flags: each norm runs as one kernel. RMSNorm only with the study's RMSNorm kernel;
+    LayerNorm always (Apex's FusedLayerNorm, Transformer Engine's, or PyTorch's native
+    layer_norm, whichever Megatron-LM's layers use)."""
     distributed_optimizer: Array  # flags
     attention: Array
     """Index into layout.ATTENTION_KERNELS."""
@@ -181,7 +184,8 @@ class Shapes:
             inter_node_bandwidth=per_cluster("inter_node_bandwidth_gbps") * 1e9,
             tp=tp, pp=pp, dp=dp, cp=cp, vp=_floats(table, "vp"), micro_batch=mb,
             sequence_parallel=_flags(table, "sequence_parallel") & (tp > 1),
-            rmsnorm_kernel=_flags(table, "rmsnorm_kernel"),
+            fused_norm=_flags(table, "rmsnorm_kernel") | (table["normalization"] != "RMSNorm")
+            .to_numpy(),
             distributed_optimizer=_flags(table, "distributed_optimizer"),
             attention=_codes(table, "attention", ATTENTION_KERNELS),
             recompute=_codes(table, "recompute", RECOMPUTE_KINDS),

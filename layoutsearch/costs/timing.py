@@ -101,7 +101,7 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     score_traffic = sh.per_attention(SCORE_TRAFFIC) * T * s * sh.heads / t  # fwd + bwd
     attention_s = passes * score_flops / attention_rate + score_traffic / bandwidth
 
-    norm_traffic = np.where(sh.rmsnorm_kernel, NORM_TRAFFIC_FUSED, NORM_TRAFFIC_UNFUSED)
+    norm_traffic = np.where(sh.fused_norm, NORM_TRAFFIC_FUSED, NORM_TRAFFIC_UNFUSED)
     token_traffic = (2 * norm_traffic + RESIDUAL_TRAFFIC) * T * h * replicated
     mlp_traffic = np.where(sh.swiglu, SWIGLU_TRAFFIC, GELU_TRAFFIC) * T * f / t
     rope_traffic = ROPE_TRAFFIC * T * (h + sh.kv_width) / t
@@ -137,7 +137,7 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     attention_kernels = sh.per_attention(ATTENTION_KERNELS)
     forward_kernels = (
         FORWARD_KERNELS + attention_kernels
-        + np.where(sh.rmsnorm_kernel, 0.0, 2 * UNFUSED_NORM_EXTRA_KERNELS)
+        + np.where(sh.fused_norm, 0.0, 2 * UNFUSED_NORM_EXTRA_KERNELS)
         + np.where(t > 1, np.where(sh.sequence_parallel, 4.0, 2.0), 0.0)
     )
     recompute_kernels = np.select(

@@ -156,19 +156,21 @@ def _kernel_args(layout: Layout, model: ModelSpec,
     Megatron-LM offers two layer implementations (`--transformer-impl`). `transformer_engine`
     fuses RMSNorm into the following linear layer (TE's fused kernel, the analogue of the
     study's RMSNorm kernel) and picks the attention kernel by `--attention-backend`
-    (AttnBackend: flash, fused = cuDNN, unfused, local, auto). `local` uses PyTorch's
-    RMSNorm and Megatron's own DotProductAttention with its fused scale-mask-softmax kernel
-    (`--no-masked-softmax-fusion` turns it off), but no FlashAttention.
+    (AttnBackend: flash, fused = cuDNN, unfused, local, auto). `local` uses PyTorch's norms
+    and Megatron's own DotProductAttention with its fused scale-mask-softmax kernel
+    (`--no-masked-softmax-fusion` turns it off), but no FlashAttention. The study's RMSNorm
+    kernel is a choice for RMSNorm models only: LayerNorm is one kernel in either layer
+    implementation (TE's, Apex's or PyTorch's native layer_norm).
     """
     argv: list[str] = []
     env: dict[str, str] = {}
     notes: list[str] = []
     flash = layout.attention in (*FLASH_KERNELS, "flash1")
-    # The local layers' RMSNorm is PyTorch's (WrappedTorchNorm), which asserts "sequence
-    # parallel not supported by torch LayerNorm" (megatron/core/transformer/torch_norm.py).
-    torch_rmsnorm_refuses = (layout.sequence_parallel and layout.tp > 1
-                             and model.normalization == "RMSNorm")
-    if flash or layout.rmsnorm_kernel or torch_rmsnorm_refuses:
+    # The local layers' norms are PyTorch's (WrappedTorchNorm; LayerNorm is Apex's only
+    # where Apex is installed), which asserts "sequence parallel not supported by torch
+    # LayerNorm" (megatron/core/transformer/torch_norm.py).
+    torch_norm_refuses = layout.sequence_parallel and layout.tp > 1
+    if flash or layout.rmsnorm_kernel or torch_norm_refuses:
         argv += ["--transformer-impl", "transformer_engine"]
         if flash:
             argv += ["--attention-backend", "flash"]
@@ -184,7 +186,7 @@ def _kernel_args(layout: Layout, model: ModelSpec,
                 "flash1 cannot be selected in current Megatron-LM: Transformer Engine needs "
                 "flash-attn >= 2, so --attention-backend flash runs FlashAttention 2"
             )
-        if not layout.rmsnorm_kernel:
+        if not layout.rmsnorm_kernel and model.normalization == "RMSNorm":
             why = ("FlashAttention" if flash else "sequence parallelism (PyTorch's RMSNorm of "
                    "the local layers does not support it)")
             notes.append(
@@ -192,11 +194,10 @@ def _kernel_args(layout: Layout, model: ModelSpec,
                 "Transformer Engine layers always use TE's fused RMSNorm"
             )
     else:
-        argv += ["--transformer-impl", "local"]
-        if model.normalization == "RMSNorm":
-            # WrappedTorchNorm asserts "persist_layer_norm not supported by torch LayerNorm",
-            # and persist_layer_norm = not --no-persist-layer-norm (arguments.py).
-            argv.append("--no-persist-layer-norm")
+        # WrappedTorchNorm asserts "persist_layer_norm not supported by torch LayerNorm",
+        # and persist_layer_norm = not --no-persist-layer-norm (arguments.py). Apex's fused
+        # LayerNorm, where it is used instead, runs without the persistent variant too.
+        argv += ["--transformer-impl", "local", "--no-persist-layer-norm"]
         if layout.attention == "torch":
             argv.append("--no-masked-softmax-fusion")
     return argv, env, notes

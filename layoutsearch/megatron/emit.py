@@ -77,13 +77,23 @@ def write_launch_scripts(ranked: pd.DataFrame, job: Job, out_dir: str | Path,
     return paths
 
 
-def emit_megatron(ranked: pd.DataFrame, output_dir: Path, top_k: int = 5) -> None:
+def emit_megatron(ranked: pd.DataFrame, output_dir: Path, top_k: int = 5,
+                  config: Mapping[str, Any] | None = None) -> None:
     """The CLI's `emit=megatron`: launch scripts of the best layouts in `<run dir>/megatron/`.
 
-    The job comes from `ranked.attrs["job"]` (set by `layoutsearch.search`).
+    The job comes from `ranked.attrs["job"]` (set by `layoutsearch.search`); the settings
+    from the config's `megatron` (a `cost_models/` name or a YAML path; default `megatron`).
     """
     job = ranked.attrs.get("job")
     if not isinstance(job, Job):
         raise LayoutSearchError("emit=megatron needs a ranking made by layoutsearch.search")
-    paths = write_launch_scripts(ranked, job, Path(output_dir) / "megatron", top_k=top_k)
+    settings = resolve_settings((config or {}).get("megatron"))
+    paths = write_launch_scripts(ranked, job, Path(output_dir) / "megatron", top_k=top_k,
+                                 settings=settings)
     print(f"wrote {len(paths)} Megatron-LM launch scripts to {Path(output_dir) / 'megatron'}")
+    if paths and not settings.script_path.is_file():
+        # Scripts are often written where they are not run (a laptop, a login node): say
+        # where they will look, not fail.
+        print(f"note: the scripts run {settings.script_path}, which is not on this machine; "
+              f"where Megatron-LM is elsewhere, set megatron_path in a copy of "
+              f"cost_models/megatron.yaml and pass it as megatron=<that file>")

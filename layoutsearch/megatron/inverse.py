@@ -68,7 +68,9 @@ def row_of_argv(argv: Sequence[str], *, env: Mapping[str, str], world_size: int,
         "micro_batch_size": a.micro_batch_size,
         "sequence_parallel": a.sequence_parallel and tp > 1,
         "attention": _attention(a, env, flash_kernel),
-        "rmsnorm_kernel": a.transformer_impl == "transformer_engine",
+        # TE's fused RMSNorm is the study's kernel; LayerNorm has no such choice.
+        "rmsnorm_kernel": (a.transformer_impl == "transformer_engine"
+                           and a.normalization == "RMSNorm"),
         "recompute": _recompute(a),
         "distributed_optimizer": a.use_distributed_optimizer,
     }

@@ -192,7 +192,7 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
     largest_stage = max(stages, default=0)
     vstage = a.num_layers_per_virtual_pipeline_stage
     granularity = a.recompute_granularity
-    local_rmsnorm = a.transformer_impl == "local" and a.normalization == "RMSNorm"
+    local = a.transformer_impl == "local"
     return [
         # validate_args: "world size is not divisible by total_model_size".
         (world % model_parallel != 0, "world_size",
@@ -309,13 +309,16 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
          f"context parallelism (cp {cp}) needs Transformer Engine's flash or fused attention, "
          f"not --transformer-impl {a.transformer_impl} --attention-backend "
          f"{a.attention_backend}", "error"),
-        # megatron/core/transformer/torch_norm.py (WrappedTorchNorm, the local layers'
-        # RMSNorm) asserts not persist_layer_norm and not sequence_parallel;
-        # persist_layer_norm = not --no-persist-layer-norm (core_transformer_config_from_args).
-        (local_rmsnorm and not a.no_persist_layer_norm, "torch_norm_persist",
-         "--transformer-impl local with RMSNorm needs --no-persist-layer-norm", "error"),
-        (local_rmsnorm and a.sequence_parallel and tp > 1, "torch_norm_sequence_parallel",
-         "--transformer-impl local with RMSNorm does not support --sequence-parallel", "error"),
+        # megatron/core/transformer/torch_norm.py (WrappedTorchNorm) asserts not
+        # persist_layer_norm and not sequence_parallel; persist_layer_norm = not
+        # --no-persist-layer-norm (core_transformer_config_from_args). The local layers use
+        # it for RMSNorm, for LayerNorm too without Apex (backends.py, LocalSpecProvider),
+        # and for both in versions whose local backend never picks Apex.
+        (local and not a.no_persist_layer_norm, "torch_norm_persist",
+         "--transformer-impl local needs --no-persist-layer-norm (PyTorch's norms)", "error"),
+        (local and a.sequence_parallel and tp > 1, "torch_norm_sequence_parallel",
+         "--transformer-impl local (PyTorch's norms) does not support --sequence-parallel",
+         "error"),
         # validate_args: --attention-backend local is only supported with --spec local.
         (a.attention_backend == "local", "attention_backend_local",
          "--attention-backend local needs --spec local", "error"),

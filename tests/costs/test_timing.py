@@ -70,6 +70,19 @@ def test_sequence_parallelism_trades_element_wise_work_for_communication() -> No
     assert comm[True] == pytest.approx(1.25 * comm[False])
 
 
+def test_layernorm_runs_fused_without_the_rmsnorm_kernel() -> None:
+    # Megatron-LM's LayerNorm is one kernel (Apex, Transformer Engine or PyTorch's native
+    # layer_norm); the study's RMSNorm kernel changes only RMSNorm models.
+    gpt3 = dict(model="gpt3_175b", num_gpus=1024, seq_length=2048, global_batch_size=1536)
+    layernorm = score(**gpt3, tp=8, pp=16, rmsnorm_kernel=[False, True])
+    assert layernorm["step_time_s"].nunique() == 1
+    assert layernorm["memory_activations_gib"].nunique() == 1
+    rmsnorm = score(**gpt3, tp=8, pp=16, rmsnorm_kernel=[False, True],
+                    model_fields={"normalization": "RMSNorm"}).set_index("rmsnorm_kernel")
+    assert rmsnorm.loc[False, "step_time_s"] > rmsnorm.loc[True, "step_time_s"]
+    assert rmsnorm.loc[True, "step_time_s"] == pytest.approx(layernorm["step_time_s"].iloc[0])
+
+
 def test_fewer_micro_batches_mean_a_larger_bubble() -> None:
     rows = score(**EVEN, pp=4, micro_batch_size=[1, 2, 4, 8]).sort_values("micro_batch_size")
     share = rows["time_bubble_s"] / rows["step_time_s"]

@@ -127,6 +127,34 @@ def test_local_layers_get_a_norm_megatron_can_build():
         "torch_norm_sequence_parallel"}
 
 
+def test_layernorm_models_have_no_rmsnorm_kernel_to_lose():
+    # GPT-3 uses LayerNorm, which is one kernel in every layer implementation: its commands
+    # carry no rmsnorm caveat, and a measured search launches them.
+    job = Job(model=load_model("gpt3_175b"), cluster=load_cluster("a100_80gb"),
+              num_gpus=1024, seq_length=2048, global_batch_size=1536)
+    for layout in (Layout(tp=8, pp=16, dp=8, sequence_parallel=True, rmsnorm_kernel=False),
+                   Layout(tp=8, pp=16, dp=8, attention="fused", rmsnorm_kernel=False)):
+        command = build_command(layout, job)
+        assert command.exact, command.notes
+        assert validate_argv(command.argv, env=command.env, world_size=1024) == []
+        args = parse_argv(command.argv)
+        assert args.normalization == "LayerNorm"
+        row = row_of_argv(command.argv, env=command.env, world_size=1024, gpu="a100_80gb")
+        assert not row["rmsnorm_kernel"]
+    # Without Apex the local layers' LayerNorm is PyTorch's, which refuses the persistent
+    # kernel and sequence parallelism: local commands turn persistence off, and sequence
+    # parallelism moves to Transformer Engine's layers.
+    local = build_command(Layout(tp=8, pp=16, dp=8, attention="fused", rmsnorm_kernel=False),
+                          job)
+    assert parse_argv(local.argv).transformer_impl == "local"
+    assert "--no-persist-layer-norm" in local.argv
+    assert _rules([a for a in local.argv if a != "--no-persist-layer-norm"], local.env,
+                  world=1024) == {"torch_norm_persist"}
+    sp = build_command(Layout(tp=8, pp=16, dp=8, attention="fused", rmsnorm_kernel=False,
+                              sequence_parallel=True), job)
+    assert parse_argv(sp.argv).transformer_impl == "transformer_engine" and sp.exact
+
+
 def test_context_parallelism_needs_transformer_engine_attention():
     job = study_job("llama_13b", 8192, 64)
     flash = build_command(study_layout(64, 2, 1, cp=2, dp=16), job)

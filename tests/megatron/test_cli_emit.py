@@ -25,3 +25,27 @@ def test_emit_megatron_writes_scripts_into_the_run_directory(tmp_path: Path) -> 
     args = parse_argv(argv[script + 1:])
     assert args.num_layers == 40 and args.vocab_size + 1 == 128000  # + NullTokenizer EOD
     assert "Megatron-LM launch scripts" in done.stdout
+    # The default checkout (./Megatron-LM) is not there: the command says where scripts look.
+    assert f"{tmp_path / 'Megatron-LM' / 'pretrain_gpt.py'}, which is not on this machine" \
+        in done.stdout
+
+
+def test_emit_megatron_takes_the_settings_file_named_by_megatron(tmp_path: Path) -> None:
+    checkout = tmp_path / "opt" / "Megatron-LM"
+    checkout.mkdir(parents=True)
+    (checkout / "pretrain_gpt.py").write_text("")
+    settings = tmp_path / "site_megatron.yaml"
+    settings.write_text(f"megatron_path: {checkout}\n"
+                        "extra_args: [--no-gradient-accumulation-fusion]\n")
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "layoutsearch.cli", "num_gpus=8", "global_batch_size=64",
+         "search_spaces.tp=[1]", "search_spaces.pp=[1]", "emit=megatron", "top_k=1",
+         f"megatron={settings}", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    (script,) = (run_dir / "megatron").glob("*.sh")
+    argv = shlex.split(script.read_text().strip().splitlines()[-1])
+    assert str(checkout / "pretrain_gpt.py") in argv
+    assert argv[-1] == "--no-gradient-accumulation-fusion"
+    assert "not on this machine" not in done.stdout
