@@ -126,6 +126,7 @@ def search(
             ranked.loc[fitting], job)["megatron_args"]
     message = no_fit_message(ranked, job)
     ranked.attrs["job"] = job
+    ranked.attrs["space_size"] = len(problem.candidates)
     ranked.attrs["message"] = message or ""
     ranked.attrs["headroom_note"] = headroom_note(ranked)
     ranked.attrs["close_call_note"] = _close_call_note(ranked, scorer, searcher, job)

@@ -50,6 +50,7 @@ from layoutsearch.reporting.sweep import (
     write_notes,
     write_summary,
 )
+from layoutsearch.results import counts_line
 from layoutsearch.space import DP_IS_DERIVED, SearchSpace
 from layoutsearch.specs import ClusterSpec, GPUSpec, Job, ModelSpec
 
@@ -106,12 +107,12 @@ def run(config: Mapping[str, Any], output_dir: Path) -> pd.DataFrame:
     output_dir.mkdir(parents=True, exist_ok=True)
     csv = output_dir / RANKED_FILE
     ranked.to_csv(csv, index=False)
-    write_notes(ranked, output_dir)
+    notes = write_notes(ranked, output_dir)
     markdown = write_run_report(ranked, output_dir)
     print(report(ranked, space, top_k=top_k))
     if emit is not None:
         EMITTERS[emit](ranked, output_dir, top_k=top_k, config=config)
-    print(f"\nwrote {csv} and {markdown}")
+    print(f"\nwrote {csv}, {notes.name} and {markdown.name} beside it")
     return ranked
 
 
@@ -127,7 +128,7 @@ def report(ranked: pd.DataFrame, space: SearchSpace, top_k: int) -> str:
         f"job: {job.model.name} ({job.model.num_parameters() / 1e9:.1f}B parameters, "
         f"vocab {job.model.vocab_size}) on {job.num_gpus} x {job.cluster.gpu.name}, "
         f"seq_length {job.seq_length}, global_batch_size {job.global_batch_size}",
-        f"search space {space.name!r}: {len(ranked)} layouts, {fits} fit",
+        f"search space {space.name!r}: {counts_line(ranked)}",
         "",
         f"top {min(top_k, len(ranked))}:",
         _table(ranked.loc[: top_k - 1, [c for c in SUMMARY_COLUMNS if c in ranked.columns]]),

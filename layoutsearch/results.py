@@ -94,6 +94,15 @@ def close_call_note(ranked: pd.DataFrame, *,
             f"cost_models.prescreen={prescreen()} cost_models.top_k={trials}.")
 
 
+def counts_line(ranked: pd.DataFrame) -> str:
+    """'2240 layouts, 1712 priced, 1350 fit'; with the rows a sampling driver returned
+    ('2240 layouts, 50 tried, 50 priced, 42 fit') when it did not try the whole space."""
+    size = int(ranked.attrs.get("space_size", len(ranked)))
+    tried = "" if len(ranked) == size else f", {len(ranked)} tried"
+    return (f"{size} layouts{tried}, {int(ranked['mfu'].notna().sum())} priced, "
+            f"{int(ranked['fits'].sum())} fit")
+
+
 def rank(scored: pd.DataFrame) -> pd.DataFrame:
     """Feasible rows first, each part by MFU (unpriced rows last); a fresh 0..n-1 index."""
     order = scored.assign(

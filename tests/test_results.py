@@ -12,6 +12,7 @@ from layoutsearch.layout import Layout
 from layoutsearch.results import (
     RESULT_COLUMNS,
     close_call_note,
+    counts_line,
     headroom_note,
     no_fit_message,
     rank,
@@ -143,3 +144,11 @@ def test_no_close_call_note_with_a_clear_winner_or_nothing_fitting() -> None:
     clear = rank(scored([{"tp": 1, "mfu": 0.6, "fits": True}, {"tp": 2, "mfu": 0.5, "fits": True}]))
     assert close_call_note(clear) == ""
     assert close_call_note(rank(scored([{"tp": 1, "mfu": 0.6}, {"tp": 2, "mfu": 0.6}]))) == ""
+
+
+def test_counts_say_when_a_driver_tried_part_of_the_space() -> None:
+    ranked = rank(scored([{"tp": 1, "mfu": 0.5, "fits": True}, {"tp": 2, "mfu": 0.4},
+                          {"tp": 4}]))
+    assert counts_line(ranked) == "3 layouts, 2 priced, 1 fit"  # a grid: the whole space
+    ranked.attrs["space_size"] = 2240
+    assert counts_line(ranked) == "2240 layouts, 3 tried, 2 priced, 1 fit"

@@ -82,12 +82,12 @@ def _unknown_job(job: pd.Series, measured_jobs: pd.DataFrame, source: str) -> st
     differs = measured_jobs.ne(job[measured_jobs.columns].to_numpy(), axis=1).to_numpy()
     closest = int(differs.sum(axis=1).argmin())
     nearest = measured_jobs.iloc[closest]
-    fields = [f"{c} {job[c]} (nearest measured job: {nearest[c]})"
+    fields = [f"{c}={job[c]} where the nearest measured job has {nearest[c]}"
               for c, differ in zip(measured_jobs.columns, differs[closest], strict=True)
               if differ]
     jobs = len(measured_jobs)
     return (f"unmeasured: {source} has no runs of this job (it holds {jobs} other "
-            f"job{'s' * (jobs != 1)}), unlike the nearest one in " + ", ".join(fields))
+            f"job{'s' * (jobs != 1)}): this job has " + "; ".join(fields))
 
 
 class ReplayCostModel:

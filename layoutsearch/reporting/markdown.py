@@ -16,6 +16,7 @@ from layoutsearch.megatron import with_megatron_args
 from layoutsearch.reporting.explain import component_name, label, time_columns, why_rejected
 from layoutsearch.reporting.plots import save_figures
 from layoutsearch.reporting.study_rules import StudyCheck, check_study_rules
+from layoutsearch.results import counts_line
 from layoutsearch.specs import Job
 
 TOP_K = 10
@@ -52,7 +53,6 @@ def top_table(ranked: pd.DataFrame, k: int = TOP_K) -> str:
 
 def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
     m = job.model
-    priced = ranked["mfu"].notna()
     facts = [
         ["model", f"{m.name}: {m.num_parameters() / 1e9:.1f} B parameters, {m.num_layers} "
                   f"layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
@@ -61,8 +61,7 @@ def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
                  f"node, {job.cluster.gpu.memory_gib:.0f} GiB each)"],
         ["sequence length", f"{job.seq_length} tokens"],
         ["global batch", f"{job.global_batch_size} sequences = {job.tokens_per_step} tokens"],
-        ["candidates", f"{len(ranked)} layouts, {int(priced.sum())} priced, "
-                       f"{int(ranked['fits'].sum())} fit"],
+        ["candidates", counts_line(ranked)],
     ]
     lines = ["## The job", "", markdown_table(facts, ["", ""]), ""]
     message = ranked.attrs.get("message", "")

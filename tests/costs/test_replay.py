@@ -74,8 +74,8 @@ def test_matches_on_dimensions_not_the_model_name(runs_csv: Path, candidate: Any
     assert not bool(scored["fits"].iloc[0])
     # The reason says the file never measured this job, and how it differs from one it did.
     assert scored["cost_reason"].iloc[0] == (
-        f"unmeasured: {runs_csv} has no runs of this job (it holds 1 other job), unlike the "
-        f"nearest one in num_layers 41 (nearest measured job: 40)")
+        f"unmeasured: {runs_csv} has no runs of this job (it holds 1 other job): this job "
+        f"has num_layers=41 where the nearest measured job has 40")
 
 
 def test_sequence_parallel_at_tp1_is_the_same_layout(tmp_path: Path,

@@ -34,7 +34,15 @@ from layoutsearch.costs import build_cost_model
 from layoutsearch.costs.base import cost_model_fingerprint
 from layoutsearch.drivers.layout_index import LayoutIndex
 from layoutsearch.drivers.optuna.storage import fail_dead_workers, open_storage, release
-from layoutsearch.drivers.optuna.worker import UNPRICED, Worker, encode, is_evaluation, plain, work
+from layoutsearch.drivers.optuna.worker import (
+    UNPRICED,
+    EvaluationBudget,
+    Worker,
+    encode,
+    is_evaluation,
+    plain,
+    work,
+)
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.problem import SearchProblem
 from layoutsearch.results import rank
@@ -174,8 +182,9 @@ class OptunaDriver:
             if self.n_workers == 1:
                 Worker(self, problem, index, study, 0).run()
             else:
+                done = sum(is_evaluation(t) for t in study.get_trials(deepcopy=False))
                 release(storage)
-                self._run_workers(problem)
+                self._run_workers(problem, done)
             return self.results(study, problem, index)
         finally:
             optuna.logging.set_verbosity(verbosity)
@@ -193,13 +202,15 @@ class OptunaDriver:
             study.enqueue_trial(encode(index, params), skip_if_exists=True, user_attrs={
                 "warm_start": self.warm_start, "layout": index.label(params)})
 
-    def _run_workers(self, problem: SearchProblem) -> None:
+    def _run_workers(self, problem: SearchProblem, evaluations_done: int) -> None:
         # fork shares the problem with the workers without pickling it; spawn elsewhere.
         context = (multiprocessing.get_context("fork")
                    if "fork" in multiprocessing.get_all_start_methods()
                    else multiprocessing.get_context("spawn"))
         errors = context.SimpleQueue()
-        workers = [context.Process(target=work, args=(self, problem, i, errors))
+        budget = (EvaluationBudget(context, self.n_trials - evaluations_done)
+                  if self.n_trials is not None else None)
+        workers = [context.Process(target=work, args=(self, problem, i, errors, budget))
                    for i in range(self.n_workers)]
         for process in workers:
             process.start()

@@ -22,7 +22,7 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from layoutsearch.drivers.layout_index import LayoutIndex
-from layoutsearch.drivers.optuna.storage import open_storage
+from layoutsearch.drivers.optuna.storage import alive, open_storage
 from layoutsearch.problem import SearchProblem
 from layoutsearch.progress import Progress
 from layoutsearch.space import INTEGER_KNOBS
@@ -36,6 +36,32 @@ UNPRICED: dict[str, Any] = {
     "fits": False, "reason": "",
 }
 """Cost columns of an evaluation that returned nothing (the cost model raised)."""
+BUDGET_WAIT_S = 0.05
+"""How long a worker without a share of the budget waits for one to be handed back (s)."""
+
+
+class EvaluationBudget:
+    """The evaluations local workers may still start, shared between their processes.
+
+    A worker takes a share before it asks for a trial and hands it back unless it priced
+    that trial, so together the workers start exactly the study's `n_trials` evaluations
+    (a worker that only counted finished evaluations would start one more while the last
+    ones are in flight: with a measured cost model, a training run nobody asked for).
+    """
+
+    def __init__(self, context: Any, remaining: int) -> None:
+        self._left = context.Value("i", max(remaining, 0))
+
+    def take(self) -> bool:
+        with self._left.get_lock():
+            if self._left.value <= 0:
+                return False
+            self._left.value -= 1
+            return True
+
+    def give_back(self) -> None:
+        with self._left.get_lock():
+            self._left.value += 1
 
 
 def plain(value: Any) -> Any:
@@ -56,11 +82,12 @@ def feasible(trial: FrozenTrial) -> bool:
         v <= 0 for v in trial.constraints.values())
 
 
-def work(driver: OptunaDriver, problem: SearchProblem, number: int, errors: Any) -> None:
+def work(driver: OptunaDriver, problem: SearchProblem, number: int, errors: Any,
+         budget: EvaluationBudget | None = None) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         study = driver.open_study(problem, open_storage(driver.storage), worker=number)
-        Worker(driver, problem, LayoutIndex.of(problem), study, number).run()
+        Worker(driver, problem, LayoutIndex.of(problem), study, number, budget).run()
     except BaseException as error:
         errors.put(f"worker {number}: {type(error).__name__}: {error}")
         raise SystemExit(1) from None
@@ -70,8 +97,12 @@ class Worker:
     """Asks for trials and answers each: reject, reuse or evaluate its layout."""
 
     def __init__(self, driver: OptunaDriver, problem: SearchProblem, index: LayoutIndex,
-                 study: optuna.Study, number: int) -> None:
+                 study: optuna.Study, number: int,
+                 budget: EvaluationBudget | None = None) -> None:
         self.driver, self.problem, self.index, self.study = driver, problem, index, study
+        self.budget = budget
+        """Shared with the other local workers; None: `done()` alone keeps the count."""
+        self.evaluations = 0
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self.worst = tuple(0.0 if d == "maximize" else math.inf for d in driver.directions)
         self.rng = np.random.default_rng(None if driver.seed is None else driver.seed + number)
@@ -82,10 +113,25 @@ class Worker:
         deadline = time.monotonic() + (self.driver.timeout or math.inf)
         with self.progress:
             while not self.done() and time.monotonic() < deadline:
-                trial = self.study.ask()
-                trial.set_user_attr("worker", self.worker)
-                state, values = self.answer(trial)
-                self.study.tell(trial, values, state=state)
+                if self.budget is not None and not self.budget.take():
+                    if not self.others_running():
+                        return  # no share can come back: the budget is spent
+                    time.sleep(BUDGET_WAIT_S)
+                    continue
+                started = self.evaluations
+                try:
+                    trial = self.study.ask()
+                    trial.set_user_attr("worker", self.worker)
+                    state, values = self.answer(trial)
+                    self.study.tell(trial, values, state=state)
+                finally:
+                    if self.budget is not None and self.evaluations == started:
+                        self.budget.give_back()
+
+    def others_running(self) -> bool:
+        """Whether a live worker has a trial in flight (which may hand back its share)."""
+        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        return any(alive(t.user_attrs.get("worker", "")) for t in running)
 
     def done(self) -> bool:
         trials = self.study.get_trials(deepcopy=False)
@@ -154,6 +200,7 @@ class Worker:
         return TrialState.COMPLETE, tuple(other.values)
 
     def evaluate(self, trial: Trial, position: int) -> Outcome:
+        self.evaluations += 1
         trial.set_user_attr("evaluated", True)
         try:
             scored = self.problem.evaluate(self.problem.candidates.iloc[[position]])
