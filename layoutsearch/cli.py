@@ -203,26 +203,36 @@ def _option_config(group: str, option: str) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def _driver_settings(overrides: Sequence[Override]) -> tuple[str, list[str]]:
-    """The driver the command selects (the default's unless `driver=` says) and its keys."""
-    name = _chosen_options("driver", overrides)[-1]
-    return name, list(_option_config("driver", name))
+SETTING_GROUPS = ("driver", "cost_models")
+"""Groups whose options each have settings of their own (`driver.n_trials`,
+`cost_models.top_k`): a setting of another option is refused, naming that option."""
 
 
-def check_driver_key(override: Override, driver: str, keys: Sequence[str]) -> None:
-    """`driver.n_trials=5` under the grid driver: say which driver has that setting."""
+def _chosen_settings(group: str, overrides: Sequence[Override]) -> tuple[str, list[str]]:
+    """The option of `group` the command selects (the default's unless it says) and its keys."""
+    name = _chosen_options(group, overrides)[-1]
+    return name, list(_option_config(group, name))
+
+
+def check_setting_key(override: Override, group: str, chosen: str,
+                      keys: Sequence[str]) -> None:
+    """`driver.n_trials=5` under the grid driver, `cost_models.top_k=8` under the analytic
+    model: say which option has that setting."""
     key = override.key_or_group
-    if not key.startswith("driver.") or override.type is OverrideType.DEL:
+    if not key.startswith(f"{group}.") or override.type is OverrideType.DEL:
         return
     name = key.split(".", 1)[1].split(".")[0]
     if name in keys:
         return
-    owners = [d for d in group_options("driver") if name in _option_config("driver", d)]
+    # `cost_models/` also holds the Megatron-LM settings, which are not a cost model.
+    owners = [o for o in group_options(group)
+              if name in (config := _option_config(group, o))
+              and (group != "cost_models" or "_target_" in config)]
     if owners:
         raise LayoutSearchError(
-            f"driver.{name}: driver={driver} has no setting {name!r}; it is a setting of "
-            f"{' and '.join(f'driver={d}' for d in owners)} (add driver={owners[0]})")
-    raise LayoutSearchError(unknown_name_message(f"driver={driver} setting", name, keys))
+            f"{group}.{name}: {group}={chosen} has no setting {name!r}; it is a setting of "
+            f"{' and '.join(f'{group}={o}' for o in owners)} (add {group}={owners[0]})")
+    raise LayoutSearchError(unknown_name_message(f"{group}={chosen} setting", name, keys))
 
 
 def _left_to_defaults(override: Override, overrides: Sequence[Override]) -> bool:
@@ -296,10 +306,11 @@ def check_group_choices(argv: Sequence[str]) -> None:
     if args.config_dir or any(o.key_or_group == "hydra.searchpath" for o in overrides):
         return
     known = _known_keys()
-    driver, driver_keys = _driver_settings(overrides)
+    chosen = {group: _chosen_settings(group, overrides) for group in SETTING_GROUPS}
     for override in overrides:
         check_key(override, known)
-        check_driver_key(override, driver, driver_keys)
+        for group, (option, keys) in chosen.items():
+            check_setting_key(override, group, option, keys)
         if override.key_or_group not in GROUP_DIRS or override.type is OverrideType.DEL:
             continue
         options = group_options(override.key_or_group)

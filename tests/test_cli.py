@@ -141,7 +141,7 @@ def test_unknown_settings_name_the_closest_valid_one(override: str, message: str
 def test_known_and_added_settings_pass_the_check() -> None:
     check_group_choices(["num_gpus=128", "model.vocab_size=32000", "cluster.gpu.memory_gib=94",
                          "search_spaces.tp=[1,2]", "hydra.job.chdir=false", "top_k=3",
-                         "cost_models.top_k=8"])
+                         "cost_models=measured", "cost_models.top_k=8"])
 
 
 def test_an_added_model_field_lists_the_valid_ones(tmp_path: Path) -> None:
@@ -166,6 +166,17 @@ def test_a_driver_setting_under_another_driver_names_the_driver_that_has_it() ->
     with pytest.raises(LayoutSearchError, match="did you mean 'n_trials'"):
         check_group_choices(["driver=optuna", "driver.n_trial=5"])
     check_group_choices(["driver=optuna", "driver.n_trials=5"])
+
+
+def test_a_cost_model_setting_under_another_model_names_the_model_that_has_it() -> None:
+    # Not the Megatron-LM settings file of cost_models/, which is not a cost model.
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            "cost_models.top_k: cost_models=analytic has no setting 'top_k'; it is a setting "
+            "of cost_models=measured (add cost_models=measured)")):
+        check_group_choices(["cost_models.top_k=8"])
+    check_group_choices(["cost_models=measured", "cost_models.top_k=8"])
+    check_group_choices(["cost_models.gpus.a100_80gb.gemm_efficiency=0.7"])
+    check_group_choices(["cost_models=replay", "cost_models.path=runs.csv"])
 
 
 @pytest.mark.parametrize("override", ["model=null", "cluster=", "cost_models=null"])

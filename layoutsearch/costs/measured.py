@@ -15,6 +15,7 @@ import csv
 import math
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,12 @@ def _result_row(row: Mapping[str, Any], result: LogResult, clusters: Mapping[str
         message=result.message.replace("\n", " ")[:300], log_path=str(log_path),
     )
     return out
+
+
+def _tell(line: str) -> None:
+    """One line per trial on stderr: a measured search runs for hours, one trial at a time,
+    and a dry run's scripts are otherwise found only in the result's reasons."""
+    print(line, file=sys.stderr, flush=True)
 
 
 class MeasuredCostModel:
@@ -217,12 +224,16 @@ class MeasuredCostModel:
         outcome = self.launcher.run(Trial(name=name, command=command, log_path=log_path,
                                           step_time_s=predicted_step_s))
         if not outcome.ran:
+            _tell(f"{self.launcher.name}: {name}: {outcome.text}")
             return f"not measured: {outcome.text}"
         self.launched += 1
         result = parse_log(outcome.text, warmup_iters=self.settings.warmup_iters,
                            returncode=outcome.returncode, timed_out=outcome.timed_out)
         measured = _result_row(row, result, clusters, self.launcher.name, log_path)
         self.file.append(measured)
+        figure = (f", {result.step_time_s:.2f} s per step" if result.status == "ok"
+                  else "")
+        _tell(f"{self.launcher.name}: {name}: {result.status}{figure} (log {log_path})")
         return measured
 
     def fingerprint(self) -> str:

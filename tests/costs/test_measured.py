@@ -33,10 +33,15 @@ def layout_of(row: pd.Series) -> dict:
     return {c: row[c] for c in LAYOUT_COLUMNS}
 
 
-def test_measured_search_matches_analytic_and_survives_failures(tmp_path):
+def test_measured_search_matches_analytic_and_survives_failures(tmp_path, capsys):
     analytic = layoutsearch.search(**JOB)
     model = fake_measured_model(tmp_path, top_k=4, inject="2=crash,3=hang,4=oom", timeout_s=3)
     ranked = layoutsearch.search(cost_model=model, **JOB)
+    # One line per trial on stderr, as it finishes: its status, step time and log.
+    told = [line for line in capsys.readouterr().err.splitlines() if "(log " in line]
+    assert [line.split(": ")[2].split(" ")[0].rstrip(",") for line in told] == [
+        "ok", "error", "timeout", "oom"]
+    assert " s per step (log " in told[0]
     assert layout_of(ranked.iloc[0]) == layout_of(analytic.iloc[0])
     assert len(launches(tmp_path)) == 4 == model.launched
     rows = read_measurements(tmp_path / "measurements.csv")
@@ -199,7 +204,7 @@ def test_the_local_launcher_refuses_a_job_beyond_one_node_before_launching(tmp_p
     assert launches(tmp_path) == []
 
 
-def test_a_trials_time_limit_covers_its_predicted_run(tmp_path):
+def test_a_trials_time_limit_covers_its_predicted_run(tmp_path, capsys):
     # 100 iterations of a ~20 s step outlast the default 1800 s; the limit follows the
     # prescreen's prediction (the dry run writes it into the sbatch script of the trial).
     settings = fake_megatron_settings(tmp_path).replace(launcher="dry_run", timeout_s=None,
@@ -212,6 +217,7 @@ def test_a_trials_time_limit_covers_its_predicted_run(tmp_path):
     minutes = -(-(100 * predicted * 1.5 + 600) // 60)
     assert minutes > 30
     script, = (tmp_path / "logs").glob("*.sh")
+    assert f"dry run: wrote {script}" in capsys.readouterr().err  # said, not only in reasons
     assert f"#SBATCH --time={int(minutes) // 60:02d}:{int(minutes) % 60:02d}:00" in \
         script.read_text().splitlines()
 
