@@ -5,7 +5,9 @@ two error kinds, Spearman ρ of predicted against measured MFU, top-1 regret in 
 whether the measured best is among the top 3 predicted, and MFU MAPE; then the summary
 and the targets of the core-engine issue; then how often two layouts of one job ran in the
 order opposite to the predicted one, by their gap in predicted MFU (the source of the
-search's close-call note, layoutsearch.results.CLOSE_CALL_GAP).
+search's close-call note, layoutsearch.results.CLOSE_CALL_GAP); last, where the model errs:
+its mean signed MFU error per value of each knob and per band of predicted memory headroom,
+per job and over all jobs.
 
     python benchmarks/fidelity.py [--runs RUNS.csv] [--cost-model analytic|PATH.yaml]
 """
@@ -20,8 +22,15 @@ import pandas as pd
 from measured_runs import RUNS_HELP, default_runs
 
 import layoutsearch
-from layoutsearch.fidelity import GAP_EDGES, fidelity, order_errors_by_gap
-from layoutsearch.results import CLOSE_CALL_GAP
+from layoutsearch.catalog import clusters_by_gpu
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.fidelity import GAP_EDGES, fidelity, order_errors_by_gap, signed_errors
+from layoutsearch.results import CLOSE_CALL_GAP, TIGHT_HEADROOM_GIB
+
+ERROR_KNOBS = ("tp", "pp", "micro_batch_size", "recompute", "attention", "rmsnorm_kernel")
+HEADROOM_EDGES = (-1e9, 0.0, TIGHT_HEADROOM_GIB, 2 * TIGHT_HEADROOM_GIB, 20.0, 1e9)
+"""Bands of predicted free GPU memory (GiB): over the limit, the search's tight-memory band,
+twice that, and two roomier ones."""
 
 TARGETS = {  # summary key: (rule, threshold)
     "fit_accuracy": (">=", 0.95),
@@ -40,7 +49,11 @@ def main() -> int:
     if not args.runs.is_file():
         print(f"no measurement file at {args.runs}; pass one in the measurement schema")
         return 2
-    predicted = layoutsearch.predict(args.runs, cost_model=args.cost_model)
+    try:
+        predicted = layoutsearch.predict(args.runs, cost_model=args.cost_model)
+    except LayoutSearchError as error:
+        print(f"error: {error}")
+        return 2
     table, summary = fidelity(predicted)
     shown = table.assign(
         fit_accuracy=table["fit_accuracy"].round(3),
@@ -68,7 +81,47 @@ def main() -> int:
         for row in order_errors_by_gap(predicted, edges).itertuples():
             print(f"  gap {100 * row.gap_from:4.0f}-{100 * row.gap_to:3.0f} %: {row.pairs:5d} "
                   f"pairs, {100 * row.wrong_order:4.1f} % in the other order")
+    print_signed_errors(predicted)
     return 0
+
+
+def print_signed_errors(predicted: pd.DataFrame) -> None:
+    """Per knob value and per band of predicted headroom: the mean signed MFU error per job
+    and over all jobs (rows in brackets)."""
+    hbm_gib = {name: spec.gpu.memory_gib for name, spec in clusters_by_gpu().items()}
+    predicted = predicted.assign(predicted_headroom_gib=(
+        predicted["gpu"].map(hbm_gib) - predicted["predicted_peak_memory_gib"]))
+    print("\nwhere the model errs: mean of (predicted - measured) / measured MFU over the ok "
+          "rows; + means the layouts ran slower than predicted")
+    groupings = [(knob, None) for knob in ERROR_KNOBS]
+    groupings.append(("predicted_headroom_gib", HEADROOM_EDGES))
+    for by, edges in groupings:
+        per_job, overall = signed_errors(predicted, by, edges)
+        if overall.empty:  # e.g. a cost model that predicts no memory
+            print(f"\n{by}: no ok row has a value")
+            continue
+        job = (per_job["model"] + " " + per_job["seq_length"].astype(str) + " "
+               + per_job["num_gpus"].astype(str))
+        cells = per_job.assign(job=job, cell=[f"{e:+.1%} ({n})" for e, n in
+                                              zip(per_job["mean_error"], per_job["rows"],
+                                                  strict=True)])
+        table = cells.pivot(index="value", columns="job", values="cell").fillna("")
+        table["all jobs"] = [f"{e:+.1%} ({n})" for e, n in
+                             zip(overall["mean_error"], overall["rows"], strict=True)]
+        table.index = [_band(v) if edges is not None else str(v) for v in table.index]
+        table.index.name = by
+        table.columns.name = None
+        with pd.option_context("display.width", 250, "display.max_columns", 30):
+            print(f"\n{table.to_string()}")
+
+
+def _band(interval: pd.Interval) -> str:
+    """'<= 0 GiB', '0-5 GiB', '> 20 GiB': a headroom band without the open ends' sentinels."""
+    if interval.left <= HEADROOM_EDGES[0]:
+        return f"<= {interval.right:g} GiB"
+    if interval.right >= HEADROOM_EDGES[-1]:
+        return f"> {interval.left:g} GiB"
+    return f"{interval.left:g}-{interval.right:g} GiB"
 
 
 if __name__ == "__main__":

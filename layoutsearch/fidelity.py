@@ -6,10 +6,12 @@ effective layout (sequence parallelism at tp = 1 is a no-op) are averaged first.
 
     table, summary = fidelity(predict(runs))
     order = order_errors_by_gap(predict(runs))   # how often close calls come out the other way
+    per_job, overall = signed_errors(predict(runs), "tp")   # where the model errs, by knob
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from itertools import pairwise
 
@@ -32,9 +34,10 @@ def collapse_twins(frame: pd.DataFrame) -> pd.DataFrame:
     rows = rows[rows["status"].isin(["ok", "oom"])]
     keys = [c for c in (*GROUP_COLUMNS, *LAYOUT_COLUMNS) if c in rows.columns]
     rows["ran"] = rows["status"] == "ok"
-    aggregations = {
-        "mfu": "mean", "ran": "mean", "predicted_mfu": "mean", "predicted_fits": "first",
-    }
+    # Every prediction is averaged over twins, save the go/no-go call and the reason.
+    predictions = {c: "mean" for c in rows.columns if c.startswith("predicted_")
+                   and c != "predicted_fits" and pd.api.types.is_numeric_dtype(rows[c])}
+    aggregations = {"mfu": "mean", "ran": "mean", **predictions, "predicted_fits": "first"}
     collapsed = rows.groupby(keys, dropna=False, observed=True).agg(aggregations).reset_index()
     # A layout measured both ok and oom counts as ok if most of its runs fit.
     collapsed["status"] = np.where(collapsed["ran"] >= 0.5, "ok", "oom")
@@ -151,3 +154,31 @@ def order_errors_by_gap(predicted: pd.DataFrame,
         records.append({"gap_from": low, "gap_to": high, "pairs": pairs,
                         "wrong_order": float(flipped[inside].mean()) if pairs else float("nan")})
     return pd.DataFrame(records)
+
+
+def signed_errors(predicted: pd.DataFrame, by: str,
+                  edges: Sequence[float] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Where a cost model errs: the mean signed MFU error, (predicted − measured) / measured,
+    of the `ok` rows (twins collapsed) per value of the column `by` (a knob, or a numeric
+    prediction such as `predicted_peak_memory_gib` binned by `edges`). Positive: the model
+    expected those layouts to run faster than they did. A bias that a knob's values share
+    cancels in the ranking; one that differs between them reorders it.
+
+    Returns the figures per group (GROUP_COLUMNS, `value`, `rows`, `mean_error`) and over
+    all groups (`value`, `rows`, `mean_error`).
+    """
+    ok = collapse_twins(predicted)
+    if by not in ok.columns:
+        raise LayoutSearchError(
+            f"signed_errors: no column {by!r} to group by; the rows have "
+            f"{', '.join(c for c in ok.columns if c not in GROUP_COLUMNS)}")
+    ok = ok[(ok["status"] == "ok") & np.isfinite(ok["predicted_mfu"].astype(float))]
+    value = pd.cut(ok[by], list(edges)) if edges is not None else ok[by]
+    frame = ok[list(GROUP_COLUMNS)].assign(
+        value=value, error=(ok["predicted_mfu"] - ok["mfu"]) / ok["mfu"])
+    figures = {"rows": "size", "mean_error": "mean"}
+    per_group = frame.groupby([*GROUP_COLUMNS, "value"], observed=True)["error"].agg(
+        list(figures.values())).set_axis(list(figures), axis=1)
+    overall = frame.groupby("value", observed=True)["error"].agg(
+        list(figures.values())).set_axis(list(figures), axis=1)
+    return per_group.reset_index(), overall.reset_index()

@@ -11,7 +11,7 @@ import pytest
 
 from layoutsearch.api import predict
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.fidelity import collapse_twins, fidelity, order_errors_by_gap
+from layoutsearch.fidelity import collapse_twins, fidelity, order_errors_by_gap, signed_errors
 
 JOB_13B = {"model": "llama_13b", "seq_length": 2048, "gpu": "a100_80gb", "num_gpus": 64,
            "global_batch_size": 2048}
@@ -170,3 +170,30 @@ def test_order_errors_leave_unpriced_rows_out_and_count_two_zeros_as_no_gap() ->
     order = order_errors_by_gap(rows, edges=(0.0, 0.05, 1.0))
     assert order["pairs"].tolist() == [1, 0]
     assert order["wrong_order"].iloc[0] == 0.0
+
+
+def test_signed_errors_by_hand() -> None:
+    rows = pd.DataFrame([
+        run(JOB_13B, 1, 1, "ok", 0.50, 0.55, True),            # predicted 10 % too high
+        run(JOB_13B, 1, 1, "ok", 0.50, 0.55, True, sp=True),   # its twin: counted once
+        run(JOB_13B, 2, 1, "ok", 0.40, 0.38, True),            # 5 % too low
+        run(JOB_13B, 2, 2, "oom", None, 0.90, True),           # no measured MFU: left out
+        run(JOB_30B, 1, 1, "ok", 0.50, 0.45, True),            # 10 % too low
+    ]).assign(predicted_peak_memory_gib=[70.0, 74.0, 30.0, 90.0, 50.0])
+    per_job, overall = signed_errors(rows, "tp")
+    assert overall["value"].tolist() == [1, 2]
+    assert overall["rows"].tolist() == [2, 1]
+    assert overall["mean_error"].tolist() == pytest.approx([0.0, -0.05])
+    thirteen = per_job[per_job["model"] == "llama_13b"]
+    assert thirteen["mean_error"].tolist() == pytest.approx([0.10, -0.05])
+    # A numeric prediction in bands; twins' predictions are averaged (70 and 74 -> 72).
+    _, bands = signed_errors(rows, "predicted_peak_memory_gib", edges=(0, 40, 60, 80))
+    assert [str(v) for v in bands["value"]] == ["(0, 40]", "(40, 60]", "(60, 80]"]
+    assert bands["mean_error"].tolist() == pytest.approx([-0.05, -0.10, 0.10])
+    assert collapse_twins(rows)["predicted_peak_memory_gib"].iloc[0] == pytest.approx(72.0)
+
+
+def test_signed_errors_name_a_missing_column() -> None:
+    rows = pd.DataFrame([run(JOB_13B, 1, 1, "ok", 0.5, 0.5, True)])
+    with pytest.raises(LayoutSearchError, match="no column 'headroom' to group by"):
+        signed_errors(rows, "headroom")
