@@ -24,7 +24,13 @@ from measured_runs import RUNS_HELP, default_runs
 import layoutsearch
 from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.fidelity import GAP_EDGES, fidelity, order_errors_by_gap, signed_errors
+from layoutsearch.fidelity import (
+    GAP_EDGES,
+    GROUP_COLUMNS,
+    fidelity,
+    order_errors_by_gap,
+    signed_errors,
+)
 from layoutsearch.results import CLOSE_CALL_GAP, TIGHT_HEADROOM_GIB
 
 ERROR_KNOBS = ("tp", "pp", "micro_batch_size", "recompute", "attention", "rmsnorm_kernel")
@@ -100,8 +106,9 @@ def print_signed_errors(predicted: pd.DataFrame) -> None:
         if overall.empty:  # e.g. a cost model that predicts no memory
             print(f"\n{by}: no ok row has a value")
             continue
-        job = (per_job["model"] + " " + per_job["seq_length"].astype(str) + " "
-               + per_job["num_gpus"].astype(str))
+        # A job is named by the group columns that tell the file's jobs apart.
+        naming = [c for c in GROUP_COLUMNS if per_job[c].nunique() > 1] or ["model"]
+        job = per_job[naming].astype(str).agg(" ".join, axis=1)
         cells = per_job.assign(job=job, cell=[f"{e:+.1%} ({n})" for e, n in
                                               zip(per_job["mean_error"], per_job["rows"],
                                                   strict=True)])
