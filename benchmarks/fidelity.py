@@ -109,17 +109,19 @@ def print_signed_errors(predicted: pd.DataFrame) -> None:
         # A job is named by the group columns that tell the file's jobs apart.
         naming = [c for c in GROUP_COLUMNS if per_job[c].nunique() > 1] or ["model"]
         job = per_job[naming].astype(str).agg(" ".join, axis=1)
-        cells = per_job.assign(job=job, cell=[f"{e:+.1%} ({n})" for e, n in
-                                              zip(per_job["mean_error"], per_job["rows"],
-                                                  strict=True)])
+        cells = per_job.assign(job=job, cell=_cells(per_job))
         table = cells.pivot(index="value", columns="job", values="cell").fillna("")
-        table["all jobs"] = [f"{e:+.1%} ({n})" for e, n in
-                             zip(overall["mean_error"], overall["rows"], strict=True)]
+        table["all jobs"] = _cells(overall)
         table.index = [_band(v) if edges is not None else str(v) for v in table.index]
         table.index.name = by
         table.columns.name = None
         with pd.option_context("display.width", 250, "display.max_columns", 30):
             print(f"\n{table.to_string()}")
+
+
+def _cells(errors: pd.DataFrame) -> list[str]:
+    """'+6.0% (16)': each row's mean signed error and, in brackets, its number of rows."""
+    return [f"{e:+.1%} ({n})" for e, n in zip(errors["mean_error"], errors["rows"], strict=True)]
 
 
 def _band(interval: pd.Interval) -> str:

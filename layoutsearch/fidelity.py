@@ -176,9 +176,7 @@ def signed_errors(predicted: pd.DataFrame, by: str,
     value = pd.cut(ok[by], list(edges)) if edges is not None else ok[by]
     frame = ok[list(GROUP_COLUMNS)].assign(
         value=value, error=(ok["predicted_mfu"] - ok["mfu"]) / ok["mfu"])
-    figures = {"rows": "size", "mean_error": "mean"}
     per_group = frame.groupby([*GROUP_COLUMNS, "value"], observed=True)["error"].agg(
-        list(figures.values())).set_axis(list(figures), axis=1)
-    overall = frame.groupby("value", observed=True)["error"].agg(
-        list(figures.values())).set_axis(list(figures), axis=1)
+        rows="size", mean_error="mean")
+    overall = frame.groupby("value", observed=True)["error"].agg(rows="size", mean_error="mean")
     return per_group.reset_index(), overall.reset_index()
