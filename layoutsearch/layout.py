@@ -25,7 +25,7 @@ RECOMPUTE_KINDS = ("none", "selective", "mlp", "full")
 
 LAYOUT_COLUMNS = (
     "tp", "pp", "dp", "cp", "vp", "micro_batch_size", "sequence_parallel", "attention",
-    "rmsnorm_kernel", "recompute", "distributed_optimizer",
+    "rmsnorm_kernel", "recompute", "distributed_optimizer", "overlap_grad_reduce",
 )
 """The knobs of a layout, in the order tables show them."""
 
@@ -56,6 +56,10 @@ class Layout:
     """Activation checkpointing granularity, one of RECOMPUTE_KINDS."""
     distributed_optimizer: bool = True
     """Shard the fp32 optimizer state over the data-parallel ranks (ZeRO-1)."""
+    overlap_grad_reduce: bool = False
+    """Overlap the data-parallel communication with compute: Megatron-LM's
+    `--overlap-grad-reduce`, and with the distributed optimizer `--overlap-param-gather`.
+    False is Megatron-LM's default (and how the study ran): the traffic is exposed."""
 
     @property
     def model_parallel_size(self) -> int:
@@ -93,4 +97,6 @@ class Layout:
         parts.append(f"recompute={self.recompute}")
         if not self.distributed_optimizer:
             parts.append("no-dist-opt")
+        if self.overlap_grad_reduce:
+            parts.append("overlap-dp")
         return " ".join(parts)

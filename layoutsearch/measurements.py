@@ -35,7 +35,8 @@ REQUIRED_COLUMNS = (
     "mfu",
 )
 OPTIONAL_DEFAULTS: dict[str, int | bool | str] = {
-    "cp": 1, "vp": 1, "distributed_optimizer": False, "normalization": "RMSNorm",
+    "cp": 1, "vp": 1, "distributed_optimizer": False, "overlap_grad_reduce": False,
+    "normalization": "RMSNorm",
 }
 STATUSES = ("ok", "oom", "unavailable", "error", "timeout")
 JOB_KEY = (
@@ -113,7 +114,7 @@ def validate_measurements(frame: pd.DataFrame, source: str = "measurements",
         out[column] = filled
     for column in (*INTEGER_COLUMNS, "cp", "vp"):
         out[column] = _as_int(out, column, source)
-    for column in (*BOOLEAN_COLUMNS, "distributed_optimizer"):
+    for column in (*BOOLEAN_COLUMNS, "distributed_optimizer", "overlap_grad_reduce"):
         out[column] = as_bool(out, column, source)
     for column in (*TEXT_COLUMNS, "normalization"):
         blank = out[column].isna()

@@ -26,7 +26,9 @@ from layoutsearch.paths import config_dir
 from layoutsearch.specs import Job
 
 INTEGER_KNOBS = ("tp", "pp", "cp", "vp", "micro_batch_size")
-BOOLEAN_KNOBS = ("sequence_parallel", "rmsnorm_kernel", "distributed_optimizer")
+BOOLEAN_KNOBS = (
+    "sequence_parallel", "rmsnorm_kernel", "distributed_optimizer", "overlap_grad_reduce",
+)
 CHOICE_KNOBS: dict[str, tuple[str, ...]] = {
     "attention": ATTENTION_KERNELS,
     "recompute": RECOMPUTE_KINDS,
@@ -79,6 +81,9 @@ class SearchSpace:
     rmsnorm_kernel: Sequence[bool] = (False, True)
     recompute: Sequence[str] = ("none", "full")
     distributed_optimizer: Sequence[bool] = (True,)
+    # Overlap never slows a step in the model (it hides what fits in the compute window),
+    # so a space offers one value, not both: on, as Megatron-LM recommends.
+    overlap_grad_reduce: Sequence[bool] = (True,)
 
     def __post_init__(self) -> None:
         # Validated here, not only in from_dict, so a space built in Python is checked too.

@@ -38,7 +38,7 @@ def test_reads_a_valid_file_with_types_and_defaults(
     assert runs["swiglu"].dtype == bool
     # Optional columns get the defaults of docs/measurements.md.
     assert list(runs["cp"]) == [1, 1, 1] and list(runs["vp"]) == [1, 1, 1]
-    assert not runs["distributed_optimizer"].any()
+    assert not runs["distributed_optimizer"].any() and not runs["overlap_grad_reduce"].any()
     assert (runs["normalization"] == "RMSNorm").all()
     assert list(runs["note"]) == ["first", "second", "third"]  # unknown columns are kept
     assert runs["mfu"].isna().tolist() == [False, True, False]

@@ -28,6 +28,7 @@ def test_paper_space_is_the_study_grid() -> None:
         "sequence_parallel": (False, True),
         "rmsnorm_kernel": (False, True),
         "distributed_optimizer": (True,),
+        "overlap_grad_reduce": (False,),
         "attention": ("torch", "fused", "flash1", "flash2"),
         "recompute": ("none", "full"),
     }

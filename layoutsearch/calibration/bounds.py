@@ -56,7 +56,7 @@ PHYSICAL: dict[str, Bound] = {
     "network_efficiency": Bound(lo=0.01, hi=1.0, log=True),
     # 0.1 µs to 1 ms per kernel launch (PyTorch eager dispatch is ~5-20 µs).
     "kernel_overhead_s": Bound(lo=1e-7, hi=1e-3, log=True),
-    # Fully hidden behind the backward pass is ~1 %: the last bucket is never overlapped.
+    # A share of what the model leaves exposed; ~1 % would be all but the last bucket hidden.
     "dp_comm_exposed": Bound(lo=0.01, hi=1.0),
     # CUDA context alone is ~0.5 GiB; more than 16 GiB outside the tensors is not overhead.
     "memory_overhead_gib": Bound(lo=0.0, hi=16.0),

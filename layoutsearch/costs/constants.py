@@ -41,7 +41,9 @@ class AnalyticConstants:
     kernel_overhead_s: float
     """Seconds of launch and synchronization overhead per kernel (counted in timing.py)."""
     dp_comm_exposed: float
-    """Fraction of the data-parallel gradient communication not hidden behind compute."""
+    """Fraction of the data-parallel communication left on the step: all of it without the
+    overlap flags (layout `overlap_grad_reduce`), what outlasts the compute window with them;
+    below 1 where a code base hides more than that (timing.py)."""
     gradient_bytes: float
     """Bytes per gradient value kept per parameter (2 = bf16, 4 = fp32 main grads)."""
     memory_overhead_gib: float

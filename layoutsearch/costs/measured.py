@@ -26,7 +26,12 @@ import pandas as pd
 from layoutsearch.costs.base import CostModel
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
-from layoutsearch.measurements import MEASUREMENT_KEY, REQUIRED_COLUMNS, validate_measurements
+from layoutsearch.measurements import (
+    MEASUREMENT_KEY,
+    OPTIONAL_DEFAULTS,
+    REQUIRED_COLUMNS,
+    validate_measurements,
+)
 from layoutsearch.megatron.args import command_of_row, job_of_row
 from layoutsearch.megatron.launchers import Launcher, Trial, build_launcher
 from layoutsearch.megatron.logs import LogResult, parse_log
@@ -35,10 +40,11 @@ from layoutsearch.megatron.validation import validate_argv
 from layoutsearch.specs import ClusterSpec
 
 FILE_COLUMNS = (
-    *REQUIRED_COLUMNS, "cp", "vp", "distributed_optimizer", "peak_memory_gib",
-    "tflops_per_gpu", "tokens_per_s", "source", "message", "log_path",
+    *REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS, "peak_memory_gib", "tflops_per_gpu",
+    "tokens_per_s", "source", "message", "log_path",
 )
-"""Columns of the rows the model appends (schema-required first, then optional ones)."""
+"""Columns of the rows the model appends (schema-required first, then optional ones): every
+column of MEASUREMENT_KEY, so a row read back matches the layout it measured."""
 
 
 def _plain(value: Any) -> Any:
@@ -104,7 +110,7 @@ def _result_row(row: Mapping[str, Any], result: LogResult, clusters: Mapping[str
     peak = job.num_gpus * job.cluster.gpu.peak_tflops * 1e12
     mfu = tokens_per_s * job.model.paper_flops_per_token(job.seq_length) / peak if ok \
         else float("nan")
-    out = {c: _plain(row[c]) for c in REQUIRED_COLUMNS if c in row}
+    out = {c: _plain(row[c]) for c in (*REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS) if c in row}
     out.update({c: _plain(row[c]) for c in LAYOUT_COLUMNS})
     out.update(
         model=row["model"], gpus_per_node=job.cluster.gpus_per_node, status=result.status,

@@ -90,6 +90,7 @@ class Shapes:
     LayerNorm always (Apex's FusedLayerNorm, Transformer Engine's, or PyTorch's native
     layer_norm, whichever Megatron-LM's layers use)."""
     distributed_optimizer: Array  # flags
+    overlap_grad_reduce: Array  # flags
     attention: Array
     """Index into layout.ATTENTION_KERNELS."""
     recompute: Array
@@ -187,6 +188,7 @@ class Shapes:
             fused_norm=_flags(table, "rmsnorm_kernel") | (table["normalization"] != "RMSNorm")
             .to_numpy(),
             distributed_optimizer=_flags(table, "distributed_optimizer"),
+            overlap_grad_reduce=_flags(table, "overlap_grad_reduce"),
             attention=_codes(table, "attention", ATTENTION_KERNELS),
             recompute=_codes(table, "recompute", RECOMPUTE_KINDS),
             tokens=mb * seq / cp,

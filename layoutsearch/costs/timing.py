@@ -4,7 +4,7 @@ One micro-batch on the slowest pipeline stage is priced from its parts — GEMMs
 memory-bound element-wise kernels, tensor-parallel collectives, launch overhead — then the
 1F1B schedule turns it into a step: micro-batches × stage time plus the bubble
 (Narayanan et al. 2021: (pp−1)/vp stage times), plus the data-parallel gradient
-communication that is not overlapped and the optimizer step.
+communication that compute does not hide and the optimizer step.
 
 Sources: FLOPs per GEMM as in Megatron-LM's `num_floating_point_operations` (Narayanan et
 al. 2021, appendix); collectives as ring algorithms (NCCL: an all-reduce moves 2(n−1)/n of
@@ -120,16 +120,14 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     tp_bwd_s = tp_fwd_s * np.where(sh.sequence_parallel, 1.5, 1.0)
 
     # Recomputation repeats forward work before the backward pass.
+    attention_fwd_s = (score_flops / attention_rate
+                       + score_traffic / (1 + BACKWARD_TRAFFIC) / bandwidth)
+    forward_compute_s = attn_gemm_fwd_s + mlp_gemm_fwd_s + attention_fwd_s + elementwise_fwd_s
     full = sh.is_recompute("full")
     recomputes = [full, sh.is_recompute("selective"), sh.is_recompute("mlp")]
     recompute_layer_s = np.select(
         recomputes,
-        [
-            attn_gemm_fwd_s + mlp_gemm_fwd_s + score_flops / attention_rate
-            + score_traffic / (1 + BACKWARD_TRAFFIC) / bandwidth + elementwise_fwd_s,
-            score_flops / attention_rate + score_traffic / (1 + BACKWARD_TRAFFIC) / bandwidth,
-            mlp_gemm_fwd_s + mlp_traffic / bandwidth,
-        ],
+        [forward_compute_s, attention_fwd_s, mlp_gemm_fwd_s + mlp_traffic / bandwidth],
         default=0.0,
     )
     # Launch overhead: the backward pass launches about twice the forward kernels;
@@ -198,12 +196,26 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     d = sh.dp * cp
     P = sh.params_per_gpu
     dp_bandwidth = _bus_bandwidth(sh, k, d, t)
-    dp_volume = np.where(
-        sh.distributed_optimizer,
-        (d - 1) / d * P * (k["gradient_bytes"] + 2.0),
-        2 * (d - 1) / d * P * k["gradient_bytes"],
-    )
-    dp_comm = k["dp_comm_exposed"] * dp_volume / dp_bandwidth
+    gradient_s = np.where(sh.distributed_optimizer, 1.0, 2.0) * (
+        (d - 1) / d * P * k["gradient_bytes"] / dp_bandwidth)
+    gather_s = np.where(sh.distributed_optimizer, (d - 1) / d * P * 2.0 / dp_bandwidth, 0.0)
+    # With --overlap-grad-reduce, Megatron's DistributedDataParallel reduces each gradient
+    # bucket as the last micro-batch's backward produces it; with --overlap-param-gather,
+    # each weight bucket is gathered just ahead of its layers in the next step's first
+    # forward. What outlasts that one micro-batch's pass on the slowest stage is exposed, and
+    # never less than the last chunk, about one layer's share (NeMo's communication-overlap
+    # guide: "exposes only one DP communication chunk"). Left out: compute slowed by the
+    # NCCL kernels it runs beside, and the longer windows of stages that finish early.
+    forward_window = stage_layers * (
+        forward_compute_s + tp_fwd_s + forward_kernels * k["kernel_overhead_s"])
+    backward_window = stage_layers * layer_s - forward_window
+    last_chunk = 1.0 / np.maximum(stage_layers, 1.0)
+    overlap = sh.overlap_grad_reduce
+    exposed_gradient_s = np.where(
+        overlap, np.maximum(gradient_s - backward_window, gradient_s * last_chunk), gradient_s)
+    exposed_gather_s = np.where(
+        overlap, np.maximum(gather_s - forward_window, gather_s * last_chunk), gather_s)
+    dp_comm = k["dp_comm_exposed"] * (exposed_gradient_s + exposed_gather_s)
     shard = P / np.where(sh.distributed_optimizer, d, 1.0)
     optimizer = OPTIMIZER_TRAFFIC * shard / bandwidth
 

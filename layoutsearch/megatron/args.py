@@ -228,12 +228,12 @@ def build_command(layout: Layout, job: Job,
         argv.append("--grad-reduce-in-bf16")
     if layout.distributed_optimizer:
         argv.append("--use-distributed-optimizer")
-        if settings.overlap_grad_reduce:
-            argv.append("--overlap-grad-reduce")
-            if settings.overlap_param_gather:
-                argv.append("--overlap-param-gather")
-    elif settings.overlap_grad_reduce:
+    if layout.overlap_grad_reduce:
+        # The weight all-gather exists only with the distributed optimizer, which
+        # --overlap-param-gather needs (validate_args); the cost model overlaps both.
         argv.append("--overlap-grad-reduce")
+        if layout.distributed_optimizer:
+            argv.append("--overlap-param-gather")
     argv += [
         # Synthetic data: arguments.py::_add_data_args / _add_tokenizer_args.
         # NullTokenizer adds an end-of-document token to --vocab-size (its vocab_size is

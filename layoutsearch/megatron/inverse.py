@@ -73,4 +73,5 @@ def row_of_argv(argv: Sequence[str], *, env: Mapping[str, str], world_size: int,
                            and a.normalization == "RMSNorm"),
         "recompute": _recompute(a),
         "distributed_optimizer": a.use_distributed_optimizer,
+        "overlap_grad_reduce": a.overlap_grad_reduce,
     }

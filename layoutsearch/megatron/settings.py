@@ -20,6 +20,7 @@ import yaml
 from layoutsearch.costs.constants import constants_path
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.megatron.slurm_options import check_slurm_settings
+from layoutsearch.space import KNOBS
 
 LAUNCHERS = ("dry_run", "local", "slurm")
 
@@ -48,10 +49,6 @@ class MegatronSettings:
     (`scripts.trial_time_limit_s`); a number is used as given."""
     master_port: int = 29500
     """Rendezvous port of torchrun."""
-    overlap_grad_reduce: bool = True
-    """`--overlap-grad-reduce`: overlap the data-parallel gradient reduce with backward."""
-    overlap_param_gather: bool = True
-    """`--overlap-param-gather` (needs the distributed optimizer and overlap_grad_reduce)."""
     grad_reduce_in_bf16: bool | None = None
     """`--grad-reduce-in-bf16`; None follows the analytic model's `gradient_bytes` (2 = bf16)."""
     lr: float = 1.0e-4
@@ -117,6 +114,11 @@ class MegatronSettings:
 def _coerce(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     known = {f.name for f in dataclasses.fields(MegatronSettings)}
     unknown = set(values) - known - {"_target_"}
+    knobs = sorted(unknown & set(KNOBS))
+    if knobs:
+        raise LayoutSearchError(
+            f"{where}: {', '.join(knobs)} is a layout knob, not a Megatron-LM setting: set it "
+            f"in the search space (e.g. {knobs[0]}: [true]) or pin it ({knobs[0]}=...)")
     if unknown:
         raise LayoutSearchError(
             f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; "

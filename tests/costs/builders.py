@@ -14,7 +14,7 @@ from layoutsearch.specs import Job
 
 LAYOUT_DEFAULTS: dict[str, Any] = dict(
     tp=1, pp=1, cp=1, vp=1, micro_batch_size=1, sequence_parallel=False, attention="flash2",
-    rmsnorm_kernel=True, recompute="none", distributed_optimizer=True,
+    rmsnorm_kernel=True, recompute="none", distributed_optimizer=True, overlap_grad_reduce=False,
 )
 
 

@@ -240,3 +240,20 @@ def test_a_measured_trial_trains_the_searched_model(tmp_path, model, flags):
     text = script.read_text()
     assert " ".join(flags) in text
     assert ("--disable-bias-linear" in text) == (model != "gpt3_175b")
+
+
+def test_every_key_column_is_recorded_so_a_rerun_finds_the_measurement(tmp_path):
+    # normalization (a job column) and overlap_grad_reduce (a knob) are optional columns of
+    # the schema whose defaults differ from this job's: unrecorded, the rerun would measure
+    # the layout again.
+    job = {**JOB, "normalization": "LayerNorm"}
+    first = fake_measured_model(tmp_path, top_k=1)
+    layoutsearch.search(cost_model=first, search_space="default", tp=1, pp=1, cp=1, vp=1,
+                        **job)
+    rows = read_measurements(tmp_path / "measurements.csv")
+    assert first.launched == 1
+    assert list(rows["normalization"]) == ["LayerNorm"] and rows["overlap_grad_reduce"].all()
+    again = fake_measured_model(tmp_path, top_k=1)
+    layoutsearch.search(cost_model=again, search_space="default", tp=1, pp=1, cp=1, vp=1,
+                        **job)
+    assert again.launched == 0

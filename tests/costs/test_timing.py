@@ -95,3 +95,31 @@ def test_one_row_scores_like_the_same_row_in_a_big_table() -> None:
     match = big[(big.tp == 2) & (big.pp == 2) & (big.micro_batch_size == 2)].iloc[0]
     for column in ("step_time_s", "mfu", "peak_memory_gib"):
         assert one[column] == pytest.approx(match[column], rel=1e-12)
+
+
+# One micro-batch's pass through the stage: the per-layer parts of the breakdown
+# (each is micro-batches × stage layers × its per-layer time).
+MICRO_BATCH_PARTS = ("time_gemm_s", "time_attention_s", "time_elementwise_s",
+                     "time_recompute_s", "time_tp_comm_s", "time_cp_comm_s", "time_overhead_s")
+
+
+def test_overlap_hides_data_parallel_time_behind_one_micro_batch() -> None:
+    # LLaMA 13B on 64 GPUs, tp = pp = 1, micro-batch 1: 32 micro-batches per step, each far
+    # shorter than the reduce-scatter or the all-gather (~2.4 s each with the fitted fabric).
+    rows = score(overlap_grad_reduce=[False, True]).set_index("overlap_grad_reduce")
+    exposed, overlapped = rows.loc[False], rows.loc[True]
+    micro_batches = 2048 / 64
+    window = sum(exposed[part] for part in MICRO_BATCH_PARTS) / micro_batches
+    # The reduce-scatter hides behind the last micro-batch's backward and the all-gather
+    # behind the first one's forward: together one whole pass.
+    assert exposed["time_dp_comm_s"] - overlapped["time_dp_comm_s"] == pytest.approx(window)
+    assert exposed["step_time_s"] - overlapped["step_time_s"] == pytest.approx(window)
+
+
+def test_overlap_leaves_the_last_chunk_exposed() -> None:
+    # At 8k tokens and micro-batch 8 each pass outlasts its collective; what stays on the
+    # step is the last layer's share of the traffic (the model's 40 layers on one stage).
+    rows = score(seq_length=8192, global_batch_size=512, micro_batch_size=8,
+                 overlap_grad_reduce=[False, True]).set_index("overlap_grad_reduce")
+    assert rows.loc[True, "time_dp_comm_s"] == pytest.approx(
+        rows.loc[False, "time_dp_comm_s"] / 40)

@@ -9,6 +9,7 @@ from megatron_study import STUDY_BEST, study_job, study_layout
 
 import layoutsearch
 from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
+from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.megatron import MegatronSettings, build_command, parse_argv, validate_argv
 from layoutsearch.megatron.inverse import row_of_argv
@@ -36,7 +37,8 @@ def test_the_study_best_layouts_pass_megatron_validation(model, seq, gpus, tp, p
 
 
 def test_llama_flags_and_short_run():
-    command = build_command(study_layout(64, 1, 1), study_job("llama_13b", 2048, 64))
+    command = build_command(study_layout(64, 1, 1, overlap_grad_reduce=True),
+                            study_job("llama_13b", 2048, 64))
     argv = command.argv
     for flag in ("--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
                  "--use-distributed-optimizer", "--overlap-grad-reduce",
@@ -196,13 +198,32 @@ def test_round_trip_of_a_layout_through_its_argv():
     assert "layers_per_vstage" in rules
 
 
-def test_settings_control_overlap_and_extra_args():
-    settings = MegatronSettings(overlap_param_gather=False, grad_reduce_in_bf16=False,
-                                extra_args=("--manual-gc",), env={"NCCL_DEBUG": "WARN"})
+def test_layout_sets_the_overlap_flags():
+    job = study_job("llama_13b", 2048, 64)
+
+    def flags(**changes: object) -> set[str]:
+        argv = build_command(study_layout(64, 1, 1, **changes), job).argv
+        return {a for a in argv if a.startswith("--overlap-")}
+
+    assert flags() == set()  # Megatron-LM's default, as the study ran
+    assert flags(overlap_grad_reduce=True) == {"--overlap-grad-reduce", "--overlap-param-gather"}
+    # No weight all-gather without the distributed optimizer, and Megatron-LM refuses
+    # --overlap-param-gather there.
+    assert flags(overlap_grad_reduce=True, distributed_optimizer=False) == {
+        "--overlap-grad-reduce"}
+
+
+def test_settings_control_grad_precision_and_extra_args():
+    settings = MegatronSettings(grad_reduce_in_bf16=False, extra_args=("--manual-gc",),
+                                env={"NCCL_DEBUG": "WARN"})
     command = build_command(study_layout(64, 1, 1), study_job("llama_13b", 2048, 64), settings)
-    assert "--overlap-param-gather" not in command.argv
     assert "--grad-reduce-in-bf16" not in command.argv
     assert command.argv[-1] == "--manual-gc" and command.env["NCCL_DEBUG"] == "WARN"
+
+
+def test_a_knob_in_the_megatron_settings_says_where_it_belongs():
+    with pytest.raises(LayoutSearchError, match="overlap_grad_reduce is a layout knob"):
+        MegatronSettings.from_dict({"overlap_grad_reduce": True})
 
 
 def _rules(argv: list[str], env: dict[str, str] | None = None, world: int = 64) -> set[str]:
@@ -211,7 +232,8 @@ def _rules(argv: list[str], env: dict[str, str] | None = None, world: int = 64) 
 
 @pytest.fixture
 def argv() -> list[str]:
-    command = build_command(study_layout(64, 2, 2), study_job("llama_13b", 2048, 64))
+    command = build_command(study_layout(64, 2, 2, overlap_grad_reduce=True),
+                            study_job("llama_13b", 2048, 64))
     return list(command.argv)
 
 
