@@ -22,7 +22,8 @@ from layoutsearch.specs import Job
 TOP_K = 10
 SHOWN_KNOBS = tuple(k for k in LAYOUT_COLUMNS
                     if k not in ("cp", "vp", "distributed_optimizer", "overlap_grad_reduce"))
-"""Knobs the top-k table shows; cp, vp and the optimizer sharding appear only if they vary."""
+"""Knobs the top-k table shows; cp, vp, the optimizer sharding and the data-parallel overlap
+appear only if they vary."""
 
 
 def _cell(value: Any) -> str:
