@@ -123,9 +123,13 @@ def test_a_killed_search_resumes_without_remeasuring(tmp_path):
 
 
 INTERRUPTED = """
+import signal
 import sys
 import layoutsearch
 from layoutsearch.testing import fake_measured_model
+# A shell starts background jobs with SIGINT ignored, and Python then raises no
+# KeyboardInterrupt: restore the handler a terminal's Ctrl-C meets.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 model = fake_measured_model(sys.argv[1], top_k=2, inject="1=hang")
 try:
     layoutsearch.search(cost_model=model, model="llama_13b", num_gpus=64, seq_length=2048,
