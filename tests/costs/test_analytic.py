@@ -97,3 +97,17 @@ def test_config_name_finds_the_shipped_constants_and_passes_over_other_files(
     assert shipped.config_name() == "analytic"
     (mine / "analytic_prior.yaml").unlink()
     assert prior.config_name() is None  # read anew: a deleted config is not named
+
+
+def test_other_gpu_kinds_carry_over_to_a_published_megatron_run() -> None:
+    # Megatron-LM's README strong-scales GPT-3 175B (131,072-token vocabulary, 4,096 tokens,
+    # batch 1,152) on H100: 47 % MFU on 96 GPUs, 42 % on 4,608. No constant was fitted to it.
+    best = {}
+    for gpus in (96, 4608):
+        ranked = layoutsearch.search(
+            model="gpt3_175b", vocab_size=131072, max_position_embeddings=4096,
+            cluster="h100_sxm", num_gpus=gpus, seq_length=4096, global_batch_size=1152,
+            search_space="default", cp=[1], attention=["flash3"], sequence_parallel=[True])
+        best[gpus] = ranked[ranked["fits"]]["mfu"].iloc[0]
+    assert best[96] == pytest.approx(0.47, abs=0.03)
+    assert best[4608] == pytest.approx(0.42, abs=0.06)
