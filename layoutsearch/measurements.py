@@ -38,6 +38,8 @@ OPTIONAL_DEFAULTS: dict[str, int | bool | str] = {
     "cp": 1, "vp": 1, "distributed_optimizer": False, "overlap_grad_reduce": False,
     "normalization": "RMSNorm",
 }
+OPTIONAL_INTEGERS = tuple(c for c, v in OPTIONAL_DEFAULTS.items() if type(v) is int)
+OPTIONAL_BOOLEANS = tuple(c for c, v in OPTIONAL_DEFAULTS.items() if type(v) is bool)
 STATUSES = ("ok", "oom", "unavailable", "error", "timeout")
 JOB_KEY = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -112,9 +114,9 @@ def validate_measurements(frame: pd.DataFrame, source: str = "measurements",
     for column, default in OPTIONAL_DEFAULTS.items():
         filled = out[column].fillna(default) if column in out.columns else default
         out[column] = filled
-    for column in (*INTEGER_COLUMNS, "cp", "vp"):
+    for column in (*INTEGER_COLUMNS, *OPTIONAL_INTEGERS):
         out[column] = _as_int(out, column, source)
-    for column in (*BOOLEAN_COLUMNS, "distributed_optimizer", "overlap_grad_reduce"):
+    for column in (*BOOLEAN_COLUMNS, *OPTIONAL_BOOLEANS):
         out[column] = as_bool(out, column, source)
     for column in (*TEXT_COLUMNS, "normalization"):
         blank = out[column].isna()
