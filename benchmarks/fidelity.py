@@ -7,7 +7,9 @@ and the targets of the core-engine issue; then how often two layouts of one job 
 order opposite to the predicted one, by their gap in predicted MFU (the source of the
 search's close-call note, layoutsearch.results.CLOSE_CALL_GAP); last, where the model errs:
 its mean signed MFU error per value of each knob and per band of predicted memory headroom,
-per job and over all jobs.
+per job and over all jobs; and what switching one knob does to twin layouts, measured
+against predicted (FlashAttention 1 -> 2 by pp, the RMSNorm kernel, full recompute -> none
+by tp).
 
     python benchmarks/fidelity.py [--runs RUNS.csv] [--cost-model analytic|PATH.yaml]
 """
@@ -28,12 +30,18 @@ from layoutsearch.fidelity import (
     GAP_EDGES,
     GROUP_COLUMNS,
     fidelity,
+    knob_effects,
     order_errors_by_gap,
     signed_errors,
 )
 from layoutsearch.results import CLOSE_CALL_GAP, TIGHT_HEADROOM_GIB
 
 ERROR_KNOBS = ("tp", "pp", "micro_batch_size", "recompute", "attention", "rmsnorm_kernel")
+KNOB_SWITCHES = (  # knob, before, after, split by
+    ("attention", "flash1", "flash2", "pp"),
+    ("rmsnorm_kernel", False, True, None),
+    ("recompute", "full", "none", "tp"),
+)
 HEADROOM_EDGES = (-1e9, 0.0, TIGHT_HEADROOM_GIB, 2 * TIGHT_HEADROOM_GIB, 20.0, 1e9)
 """Bands of predicted free GPU memory (GiB): over the limit, the search's tight-memory band,
 twice that, and two roomier ones."""
@@ -88,6 +96,7 @@ def main() -> int:
             print(f"  gap {100 * row.gap_from:4.0f}-{100 * row.gap_to:3.0f} %: {row.pairs:5d} "
                   f"pairs, {100 * row.wrong_order:4.1f} % in the other order")
     print_signed_errors(predicted)
+    print_knob_effects(predicted)
     return 0
 
 
@@ -117,6 +126,31 @@ def print_signed_errors(predicted: pd.DataFrame) -> None:
         table.columns.name = None
         with pd.option_context("display.width", 250, "display.max_columns", 30):
             print(f"\n{table.to_string()}")
+
+
+def print_knob_effects(predicted: pd.DataFrame) -> None:
+    """Per knob switch: the MFU ratio of twin layouts (the same but for that knob), measured
+    vs predicted, per job (pairs in brackets)."""
+    print("\nwhat switching one knob does: MFU after / before over twin layouts, measured vs "
+          "predicted (geometric means; pairs in brackets)")
+    for knob, before, after, by in KNOB_SWITCHES:
+        effects = knob_effects(predicted, knob, before, after, by)
+        title = f"{knob} {before} -> {after}" + (f", by {by}" if by else "")
+        if effects.empty:
+            print(f"\n{title}: no twin layouts ran")
+            continue
+        naming = [c for c in GROUP_COLUMNS if effects[c].nunique() > 1] or ["model"]
+        cells = effects.assign(
+            job=effects[naming].astype(str).agg(" ".join, axis=1),
+            cell=[f"x{m:.3f} vs x{p:.3f} ({n})" for m, p, n in zip(
+                effects["measured_speedup"], effects["predicted_speedup"], effects["pairs"],
+                strict=True)],
+            value=effects[by] if by else "all")
+        table = cells.pivot(index="value", columns="job", values="cell").fillna("")
+        table.index.name = by or ""
+        table.columns.name = None
+        with pd.option_context("display.width", 250, "display.max_columns", 30):
+            print(f"\n{title}\n{table.to_string()}")
 
 
 def _cells(errors: pd.DataFrame) -> list[str]:

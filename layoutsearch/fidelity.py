@@ -7,6 +7,7 @@ effective layout (sequence parallelism at tp = 1 is a no-op) are averaged first.
     table, summary = fidelity(predict(runs))
     order = order_errors_by_gap(predict(runs))   # how often close calls come out the other way
     per_job, overall = signed_errors(predict(runs), "tp")   # where the model errs, by knob
+    effects = knob_effects(predict(runs), "attention", "flash1", "flash2", by="pp")
 """
 
 from __future__ import annotations
@@ -180,3 +181,37 @@ def signed_errors(predicted: pd.DataFrame, by: str,
         rows="size", mean_error="mean")
     overall = frame.groupby("value", observed=True)["error"].agg(rows="size", mean_error="mean")
     return per_group.reset_index(), overall.reset_index()
+
+
+def knob_effects(predicted: pd.DataFrame, knob: str, before: object, after: object,
+                 by: str | None = None) -> pd.DataFrame:
+    """What switching one knob does, measured and predicted: for every two `ok` layouts of
+    one job that differ only in `knob` (`before` → `after`), the MFU ratio after / before.
+    A cost model that gets a knob's effect right ranks its twins right wherever they sit.
+
+    Returns one row per group (GROUP_COLUMNS) and value of the column `by` (e.g. "pp"; the
+    column is left out without it): `pairs`, and the geometric means `measured_speedup` and
+    `predicted_speedup` of the pairs' ratios.
+    """
+    ok = collapse_twins(predicted)
+    missing = [c for c in (knob, *([by] if by else [])) if c not in ok.columns]
+    if missing:
+        raise LayoutSearchError(
+            f"knob_effects: no column {missing[0]!r}; the rows have "
+            f"{', '.join(c for c in ok.columns if c not in GROUP_COLUMNS)}")
+    ok = ok[(ok["status"] == "ok") & np.isfinite(ok["predicted_mfu"].astype(float))]
+    # Everything but the knob pairs the two rows: the job and every other layout column.
+    pairing = [c for c in (*GROUP_COLUMNS, *LAYOUT_COLUMNS) if c in ok.columns and c != knob]
+    values = ["mfu", "predicted_mfu"]
+    twins = ok[ok[knob] == before][[*pairing, *values]].merge(
+        ok[ok[knob] == after][[*pairing, *values]], on=pairing, suffixes=("_before", "_after"))
+    keys = [*GROUP_COLUMNS, *([by] if by else [])]
+    frame = twins[keys].assign(
+        measured=np.log(twins["mfu_after"] / twins["mfu_before"]),
+        predicted=np.log(twins["predicted_mfu_after"] / twins["predicted_mfu_before"]))
+    effects = frame.groupby(keys, observed=True).agg(
+        pairs=("measured", "size"), measured_speedup=("measured", "mean"),
+        predicted_speedup=("predicted", "mean")).reset_index()
+    for column in ("measured_speedup", "predicted_speedup"):
+        effects[column] = np.exp(effects[column])
+    return effects

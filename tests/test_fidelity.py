@@ -11,7 +11,13 @@ import pytest
 
 from layoutsearch.api import predict
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.fidelity import collapse_twins, fidelity, order_errors_by_gap, signed_errors
+from layoutsearch.fidelity import (
+    collapse_twins,
+    fidelity,
+    knob_effects,
+    order_errors_by_gap,
+    signed_errors,
+)
 
 JOB_13B = {"model": "llama_13b", "seq_length": 2048, "gpu": "a100_80gb", "num_gpus": 64,
            "global_batch_size": 2048}
@@ -197,3 +203,44 @@ def test_signed_errors_name_a_missing_column() -> None:
     rows = pd.DataFrame([run(JOB_13B, 1, 1, "ok", 0.5, 0.5, True)])
     with pytest.raises(LayoutSearchError, match="no column 'headroom' to group by"):
         signed_errors(rows, "headroom")
+
+
+def test_knob_effects_by_hand() -> None:
+    def with_kernel(row: dict[str, object], attention: str) -> dict[str, object]:
+        return {**row, "attention": attention}
+
+    rows = pd.DataFrame([
+        # Two twins at pp 1: flash2 measured 1.2x and 1.5x (geometric mean sqrt(1.8)),
+        # predicted 1.1x both times.
+        with_kernel(run(JOB_13B, 1, 1, "ok", 0.40, 0.50, True), "flash1"),
+        run(JOB_13B, 1, 1, "ok", 0.48, 0.55, True),
+        with_kernel(run(JOB_13B, 2, 1, "ok", 0.30, 0.40, True), "flash1"),
+        run(JOB_13B, 2, 1, "ok", 0.45, 0.44, True),
+        # One twin at pp 2, slower with flash2.
+        with_kernel(run(JOB_13B, 1, 2, "ok", 0.50, 0.50, True), "flash1"),
+        run(JOB_13B, 1, 2, "ok", 0.40, 0.60, True),
+        # No twin: differs in micro-batch too; and a twin that went OOM.
+        with_kernel(run(JOB_13B, 4, 1, "ok", 0.30, 0.30, True, mb=2), "flash1"),
+        run(JOB_13B, 4, 1, "ok", 0.35, 0.35, True),
+        with_kernel(run(JOB_13B, 2, 2, "ok", 0.30, 0.30, True), "flash1"),
+        run(JOB_13B, 2, 2, "oom", None, 0.35, True),
+        # Another job: its own row.
+        with_kernel(run(JOB_30B, 1, 1, "ok", 0.40, 0.40, True), "flash1"),
+        run(JOB_30B, 1, 1, "ok", 0.44, 0.40, True),
+    ]).assign(recompute="none")
+    effects = knob_effects(rows, "attention", "flash1", "flash2", by="pp")
+    thirteen = effects[effects["model"] == "llama_13b"]
+    assert thirteen["pp"].tolist() == [1, 2]
+    assert thirteen["pairs"].tolist() == [2, 1]
+    assert thirteen["measured_speedup"].tolist() == pytest.approx([1.8**0.5, 0.8])
+    assert thirteen["predicted_speedup"].tolist() == pytest.approx([1.1, 1.2])
+    overall = knob_effects(rows, "attention", "flash1", "flash2")
+    assert "pp" not in overall.columns
+    assert overall["pairs"].tolist() == [3, 1]
+    assert overall["measured_speedup"].iloc[1] == pytest.approx(1.1)
+
+
+def test_knob_effects_name_a_missing_column() -> None:
+    rows = pd.DataFrame([run(JOB_13B, 1, 1, "ok", 0.5, 0.5, True)])
+    with pytest.raises(LayoutSearchError, match="no column 'vpp'"):
+        knob_effects(rows, "attention", "flash1", "flash2", by="vpp")
