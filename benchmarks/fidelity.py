@@ -115,10 +115,7 @@ def print_signed_errors(predicted: pd.DataFrame) -> None:
         if overall.empty:  # e.g. a cost model that predicts no memory
             print(f"\n{by}: no ok row has a value")
             continue
-        # A job is named by the group columns that tell the file's jobs apart.
-        naming = [c for c in GROUP_COLUMNS if per_job[c].nunique() > 1] or ["model"]
-        job = per_job[naming].astype(str).agg(" ".join, axis=1)
-        cells = per_job.assign(job=job, cell=_cells(per_job))
+        cells = per_job.assign(job=_job_names(per_job), cell=_cells(per_job))
         table = cells.pivot(index="value", columns="job", values="cell").fillna("")
         table["all jobs"] = _cells(overall)
         table.index = [_band(v) if edges is not None else str(v) for v in table.index]
@@ -139,9 +136,8 @@ def print_knob_effects(predicted: pd.DataFrame) -> None:
         if effects.empty:
             print(f"\n{title}: no twin layouts ran")
             continue
-        naming = [c for c in GROUP_COLUMNS if effects[c].nunique() > 1] or ["model"]
         cells = effects.assign(
-            job=effects[naming].astype(str).agg(" ".join, axis=1),
+            job=_job_names(effects),
             cell=[f"x{m:.3f} vs x{p:.3f} ({n})" for m, p, n in zip(
                 effects["measured_speedup"], effects["predicted_speedup"], effects["pairs"],
                 strict=True)],
@@ -151,6 +147,13 @@ def print_knob_effects(predicted: pd.DataFrame) -> None:
         table.columns.name = None
         with pd.option_context("display.width", 250, "display.max_columns", 30):
             print(f"\n{title}\n{table.to_string()}")
+
+
+def _job_names(per_job: pd.DataFrame) -> pd.Series:
+    """'llama_13b 2048 64 2048': each row's job, named by the group columns that tell the
+    file's jobs apart."""
+    naming = [c for c in GROUP_COLUMNS if per_job[c].nunique() > 1] or ["model"]
+    return per_job[naming].astype(str).agg(" ".join, axis=1)
 
 
 def _cells(errors: pd.DataFrame) -> list[str]:
