@@ -193,6 +193,9 @@ def knob_effects(predicted: pd.DataFrame, knob: str, before: object, after: obje
     column is left out without it): `pairs`, and the geometric means `measured_speedup` and
     `predicted_speedup` of the pairs' ratios.
     """
+    if by == knob:
+        raise LayoutSearchError(
+            f"knob_effects: by={by!r} is the knob switched; split by another column")
     ok = collapse_twins(predicted)
     missing = [c for c in (knob, *([by] if by else [])) if c not in ok.columns]
     if missing:

@@ -244,3 +244,5 @@ def test_knob_effects_name_a_missing_column() -> None:
     rows = pd.DataFrame([run(JOB_13B, 1, 1, "ok", 0.5, 0.5, True)])
     with pytest.raises(LayoutSearchError, match="no column 'vpp'"):
         knob_effects(rows, "attention", "flash1", "flash2", by="vpp")
+    with pytest.raises(LayoutSearchError, match="by='attention' is the knob switched"):
+        knob_effects(rows, "attention", "flash1", "flash2", by="attention")
