@@ -196,8 +196,9 @@ def knob_effects(predicted: pd.DataFrame, knob: str, before: object, after: obje
     if by == knob:
         raise LayoutSearchError(
             f"knob_effects: by={by!r} is the knob switched; split by another column")
+    split = [by] if by else []
     ok = collapse_twins(predicted)
-    missing = [c for c in (knob, *([by] if by else [])) if c not in ok.columns]
+    missing = [c for c in (knob, *split) if c not in ok.columns]
     if missing:
         raise LayoutSearchError(
             f"knob_effects: no column {missing[0]!r}; the rows have "
@@ -208,7 +209,7 @@ def knob_effects(predicted: pd.DataFrame, knob: str, before: object, after: obje
     values = ["mfu", "predicted_mfu"]
     twins = ok[ok[knob] == before][[*pairing, *values]].merge(
         ok[ok[knob] == after][[*pairing, *values]], on=pairing, suffixes=("_before", "_after"))
-    keys = [*GROUP_COLUMNS, *([by] if by else [])]
+    keys = [*GROUP_COLUMNS, *split]
     frame = twins[keys].assign(
         measured=np.log(twins["mfu_after"] / twins["mfu_before"]),
         predicted=np.log(twins["predicted_mfu_after"] / twins["predicted_mfu_before"]))
