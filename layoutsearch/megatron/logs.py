@@ -29,15 +29,36 @@ ITERATION = re.compile(
 )
 MEMORY = re.compile(r"memory \(MB\)\s*\|\s*allocated:\s*[\d.]+\s*\|\s*max allocated:\s*"
                     r"(?P<max_allocated>[\d.]+)")
-# Both spellings of PyTorch's OOM: torch.OutOfMemoryError (2.5+) and torch.cuda.Out...
+# Out of memory, as PyTorch says it (torch.OutOfMemoryError from 2.5, torch.cuda.Out... before,
+# "CUDA error: out of memory" from a kernel launch), as Transformer Engine's checks say it
+# ("CUDA Error: out of memory"), as NCCL says it when its buffers do not fit ("Cuda failure
+# 'out of memory'", "Failed to CUDA calloc") and as cuBLAS says it when its workspace does not.
 OOM = re.compile(r"torch\.(?:cuda\.)?OutOfMemoryError|CUDA out of memory|"
-                 r"CUDA error: out of memory")
+                 r"(?i:CUDA error: out of memory)|Cuda failure (?:\d+ )?'out of memory'|"
+                 r"Failed to CUDA calloc|CUBLAS_STATUS_ALLOC_FAILED")
+COLLECTIVE_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout")
+"""NCCL's watchdog gave up on a collective: the ranks hung. PyTorch may go on to report a
+bogus out-of-memory ("Tried to allocate more than 1EB") as a side effect; that is no OOM."""
+KERNEL_REFUSED = re.compile(
+    r"No dot product attention support for the provided inputs|"
+    r"FlashAttention (?:forward |backward )?only supports head dimension at most|"
+    r"head_size should be a multiple of 8|Head size must be a multiple of 8|"
+    r"FlashAttention only supports Ampere GPUs or newer"
+)
+"""An attention kernel refused the shape or the GPU (Transformer Engine's backend selection,
+flash-attn's TORCH_CHECKs): the schema's `unavailable`, not an error of the run."""
+STACK_FRAME = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?:frame #\d+:|Exception raised from )")
+"""C++ stack-dump lines: they name functions, not what went wrong."""
 FAILURE = re.compile(
     r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|DistBackendError|"
-    r"ProcessGroupNCCL.*(?:Watchdog|timed out|Timeout)|Segmentation fault|can't open file|"
+    r"Segmentation fault|can't open file|"
     r"No such file or directory|\w+(?:Error|Exception): \S"
 )
 """Lines that say what went wrong (an exception with its message, NCCL, a signal)."""
+KILLED_BY_SIGNAL = re.compile(r"Signal \d+ \(SIG\w+\) received by PID|"
+                              r"failed \(exitcode: -\d+\)")
+"""torchrun's word that a rank died of a signal (a negative exit code: SIGSEGV, SIGABRT,
+SIGKILL from the host's OOM killer), when the rank itself printed nothing more specific."""
 GENERIC_FAILURE = re.compile(r"Traceback \(most recent call last\)|ChildFailedError")
 """Lines that only say that something went wrong (used when nothing more specific is)."""
 EXCERPT_LINES = 30
@@ -49,7 +70,7 @@ class LogResult:
     """What one trial's log says."""
 
     status: str
-    """`ok`, `oom`, `timeout` or `error` (the measurement schema's statuses)."""
+    """`ok`, `oom`, `unavailable`, `timeout` or `error` (the measurement schema's statuses)."""
     step_time_s: float = float("nan")
     """Mean seconds per iteration after the warm-up (NaN unless ok)."""
     tflops_per_gpu: float = float("nan")
@@ -77,10 +98,13 @@ def _first(lines: list[str], pattern: re.Pattern[str]) -> int | None:
 
 
 def _last_failure_line(lines: list[str]) -> int | None:
-    # The last specific line usually names the exception (after the traceback frames);
-    # torchrun's own ChildFailedError summary comes after it and says less.
-    for pattern in (FAILURE, GENERIC_FAILURE):
-        hits = [i for i, line in enumerate(lines) if pattern.search(line)]
+    # A hung collective is the cause of all that follows it (the abort, the signal). Else
+    # the last specific line usually names the exception (after the traceback frames);
+    # torchrun's own summary comes after it and says less: a signal's name when the rank
+    # printed nothing, else only ChildFailedError.
+    for pattern in (COLLECTIVE_TIMEOUT, FAILURE, KILLED_BY_SIGNAL, GENERIC_FAILURE):
+        hits = [i for i, line in enumerate(lines)
+                if pattern.search(line) and not STACK_FRAME.search(line)]
         if hits:
             return hits[-1]
     return None
@@ -97,15 +121,21 @@ def parse_log(text: str, *, warmup_iters: int = 3, returncode: int | None = 0,
     peak = max(memory) / 1024.0 if memory else float("nan")
     found = len(iterations)
     oom_at = _first(lines, OOM)
-    if oom_at is not None:
+    hung_at = _first(lines, COLLECTIVE_TIMEOUT)
+    if oom_at is not None and (hung_at is None or oom_at < hung_at):
         line = lines[oom_at].strip()
         return LogResult(status="oom", peak_memory_gib=peak, iterations=found,
                          message=line[:300], excerpt=_excerpt(lines, oom_at))
+    failed = returncode not in (0, None) or not iterations
+    refused_at = _first(lines, KERNEL_REFUSED)
+    if failed and refused_at is not None:
+        line = lines[refused_at].strip()
+        return LogResult(status="unavailable", peak_memory_gib=peak, iterations=found,
+                         message=line[:300], excerpt=_excerpt(lines, refused_at))
     if timed_out:
         return LogResult(status="timeout", peak_memory_gib=peak, iterations=found,
                          message=f"killed at the time limit after {found} logged iterations",
                          excerpt=_excerpt(lines, None))
-    failed = returncode not in (0, None) or not iterations
     if failed:
         at = _last_failure_line(lines)
         why = lines[at].strip() if at is not None else (
@@ -113,8 +143,12 @@ def parse_log(text: str, *, warmup_iters: int = 3, returncode: int | None = 0,
         return LogResult(status="error", peak_memory_gib=peak, iterations=found,
                          message=why[:300], excerpt=_excerpt(lines, at))
     # Drop the warm-up iterations (the first logged lines average allocator, NCCL and
-    # kernel-autotuning start-up in); keep at least the last one.
-    steady = [row for row in iterations if row[0] > warmup_iters] or iterations[-1:]
+    # kernel-autotuning start-up in); keep at least the last one. Megatron-LM logs a fresh
+    # process's iteration 1 without resetting its interval timer (training_log's
+    # `should_reset = not is_first_iteration`), so the next line averages iteration 1 in.
+    averages_first = iterations[1][0] if len(iterations) > 1 and iterations[0][0] == 1 else None
+    steady = [row for row in iterations
+              if row[0] > warmup_iters and row[0] != averages_first] or iterations[-1:]
     times = np.array([row[1] for row in steady]) / 1000.0
     tflops = np.array([row[2] for row in steady])
     return LogResult(

@@ -2,7 +2,9 @@
 
 The real torchrun starts `nproc_per_node` processes per node; the fake starts one (the
 last rank, the one that prints Megatron-LM's iteration lines) with WORLD_SIZE set to the
-whole job, and reports a failed child the way torchrun does.
+whole job, and reports a failed child the way torchrun's elastic agent does: an error line,
+its ChildFailedError summary (the signal's name when the rank died of one) and exit
+status 1.
 
     python -m layoutsearch.testing.fake_torchrun --nproc_per_node 8 --nnodes 1 script.py ...
 """
@@ -10,8 +12,10 @@ whole job, and reports a failed child the way torchrun does.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -29,6 +33,29 @@ def _count_launch(script_args: list[str]) -> int:
         handle.write(" ".join(script_args) + "\n")
     with open(path) as handle:
         return sum(1 for _ in handle)
+
+
+def _report_failure(script: str, pid: int, code: int, *, rank: int, local_rank: int) -> None:
+    """What torchrun prints when a rank fails (torch/distributed/elastic, PyTorch 2.x)."""
+    now = datetime.datetime.now()
+    if code < 0:
+        cause = f"Signal {-code} ({signal.Signals(-code).name}) received by PID {pid}"
+    else:
+        cause = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+    rule = "=" * 60
+    print(f"E{now:%m%d %H:%M:%S}.000000 {os.getpid()} torch/distributed/elastic/"
+          f"multiprocessing/api.py:874] failed (exitcode: {code}) local_rank: {local_rank} "
+          f"(pid: {pid}) of binary: {sys.executable}", flush=True)
+    print("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", flush=True)
+    print("\n".join([
+        rule, f"{script} FAILED", "-" * 60, "Failures:", "  <NO_OTHER_FAILURES>", "-" * 60,
+        "Root Cause (first observed failure):", "[0]:",
+        f"  time      : {now:%Y-%m-%d_%H:%M:%S}",
+        f"  host      : {socket.gethostname()}",
+        f"  rank      : {rank} (local_rank: {local_rank})",
+        f"  exitcode  : {code} (pid: {pid})",
+        "  error_file: <N/A>",
+        f"  traceback : {cause}", rule]), flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -69,9 +96,9 @@ def main(argv: list[str]) -> int:
               f"{os.getpid()} got signal: {received[0]}", flush=True)
         return 128 + received[0]
     if code != 0:
-        print("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", flush=True)
-        print(f"  rank      : {world - 1} (local_rank: {args.nproc_per_node - 1})", flush=True)
-        print(f"  exitcode  : {code}", flush=True)
+        _report_failure(args.script, rank.pid, code, rank=world - 1,
+                        local_rank=args.nproc_per_node - 1)
+        return 1
     return code
 
 

@@ -84,3 +84,98 @@ def test_timeout_missing_script_and_silent_crash():
     assert crash.status == "error" and crash.message == "exit status 139"
     empty = parse_log("", returncode=0)
     assert empty.status == "error" and empty.message == "no iteration was logged"
+
+
+# Real failure logs (trimmed) from Megatron-LM, NCCL and PyTorch issue reports.
+TE_OOM = """\
+[rank0]:   File "/opt/megatron-lm/megatron/core/extensions/transformer_engine.py", line 616, in forward
+[rank0]:     out = super().forward(x, is_first_microbatch=_is_first_microbatch)
+[rank0]: RuntimeError: /TransformerEngine/transformer_engine/common/gemm/cublaslt_gemm.cu:750 in function cublas_gemm: CUDA Error: out of memory
+"""
+NCCL_OOM = """\
+ng30903:3063028:3066152 [3] include/alloc.h:178 NCCL WARN Cuda failure 'out of memory'
+ng30903:3063028:3066152 [3] include/alloc.h:185 NCCL WARN Failed to CUDA calloc 6291456 bytes
+[rank3]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5
+[rank3]: ncclUnhandledCudaError: Call to CUDA function failed.
+"""
+CUBLAS_OOM = """\
+Traceback (most recent call last):
+RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`
+"""
+WATCHDOG = """\
+[rank7]:[E719 10:16:00.123456789 ProcessGroupNCCL.cpp:607] [Rank 7] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=199, OpType=_REDUCE_SCATTER_BASE, NumelIn=7098994688, NumelOut=443687168, Timeout(ms)=600000) ran for 882725 milliseconds before timing out.
+terminate called after throwing an instance of 'c10::DistBackendError'
+Exception raised from checkTimeout at /opt/pytorch/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:567 (most recent call first):
+frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration<long, std::ratio<1l, 1000l> > >) + 0x1e1 (0x7ff93bea04e1 in /usr/local/lib/python3.10/dist-packages/torch/lib/libtorch_cuda.so)
+frame #3: c10d::ProcessGroupNCCL::ncclCommWatchdog() + 0x10f (0x7ff93bea9a0f in /usr/local/lib/python3.10/dist-packages/torch/lib/libtorch_cuda.so)
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+  exitcode  : -6 (pid: 3431)
+  traceback : Signal 6 (SIGABRT) received by PID 3431
+"""
+TIMEOUT_THEN_BOGUS_OOM = """\
+[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4084, OpType=BROADCAST, NumelIn=56623104, NumelOut=56623104, Timeout(ms)=1800000) ran for 1800059 milliseconds before timing out.
+torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate more than 1EB memory.
+"""
+SEGFAULT_UNDER_TORCHRUN = """\
+E1223 05:17:58.000000 3304100 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: -11) local_rank: 0 (pid: 3304209) of binary: /usr/bin/python
+Traceback (most recent call last):
+  File "/usr/local/bin/torchrun", line 8, in <module>
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Root Cause (first observed failure):
+  exitcode  : -11 (pid: 3304209)
+  error_file: <N/A>
+  traceback : Signal 11 (SIGSEGV) received by PID 3304209
+"""
+
+
+@pytest.mark.parametrize("text, line", [
+    (TE_OOM, "CUDA Error: out of memory"),
+    (NCCL_OOM, "NCCL WARN Cuda failure 'out of memory'"),
+    (CUBLAS_OOM, "CUBLAS_STATUS_ALLOC_FAILED"),
+])
+def test_out_of_memory_from_transformer_engine_nccl_and_cublas(text, line):
+    result = parse_log(text, returncode=1)
+    assert result.status == "oom" and line in result.message
+
+
+def test_a_collective_timeout_names_the_watchdog_line_not_a_stack_frame():
+    result = parse_log(WATCHDOG, returncode=1)
+    assert result.status == "error"
+    assert result.message.endswith("ran for 882725 milliseconds before timing out.")
+    assert "frame #" not in result.message
+
+
+def test_an_out_of_memory_after_a_collective_timeout_is_the_timeout():
+    result = parse_log(TIMEOUT_THEN_BOGUS_OOM, returncode=1)
+    assert result.status == "error" and "Watchdog caught" in result.message
+
+
+def test_a_rank_killed_by_a_signal_is_named_by_it():
+    result = parse_log(SEGFAULT_UNDER_TORCHRUN, returncode=1)
+    assert result.status == "error"
+    assert result.message == "traceback : Signal 11 (SIGSEGV) received by PID 3304209"
+
+
+@pytest.mark.parametrize("line", [
+    "[rank0]: ValueError: No dot product attention support for the provided inputs!",
+    "[rank0]: RuntimeError: FlashAttention forward only supports head dimension at most 256",
+    "RuntimeError: FlashAttention only supports Ampere GPUs or newer.",
+])
+def test_a_kernel_that_refuses_the_shape_is_unavailable(line):
+    text = "[rank0]: Traceback (most recent call last):\n" + line + "\n"
+    result = parse_log(text, returncode=1)
+    assert result.status == "unavailable" and result.message == line
+    # The same words in the log of a run that went on are no failure.
+    assert parse_log(CURRENT + line, returncode=0, warmup_iters=3).status == "ok"
+
+
+def test_the_line_after_iteration_1_averages_it_in_and_is_dropped():
+    # Current Megatron-LM does not reset its timer after logging iteration 1, so iteration
+    # 2 prints the mean of iterations 1 and 2 (30 s and 10 s): not a steady step.
+    lines = [f" iteration {i:8d}/       6 | consumed samples: {128 * i:12d} | elapsed time "
+             f"per iteration (ms): {ms:.1f} |" for i, ms in [(1, 30000), (2, 20000), (3, 10000),
+                                                            (4, 10000)]]
+    assert parse_log("\n".join(lines), warmup_iters=1).step_time_s == pytest.approx(10.0)
+    # A log whose first line is not iteration 1 has no such line.
+    assert parse_log(OLD, warmup_iters=3).step_time_s == pytest.approx((0.2968 + 0.2839) / 2)

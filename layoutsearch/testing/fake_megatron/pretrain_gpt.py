@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import resource
+import signal
 import sys
 import time
 
@@ -62,8 +64,12 @@ def _fail(kind: str) -> None:
               "failed or device error.", flush=True)
         sys.exit(1)
     if kind == "crash":
+        # Die of the signal itself, as a crashing rank does (no core file), after the line
+        # Python's fault handler prints.
         print("Fatal Python error: Segmentation fault", flush=True)
-        sys.exit(139)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGSEGV)
 
 
 def main(argv: list[str]) -> None:
