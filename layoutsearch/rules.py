@@ -111,8 +111,12 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
             "query_groups_per_tp",
             lambda t: ((t["num_attention_heads"] % t["tp"] == 0)
                        & (t["num_query_groups"] % t["tp"] != 0)).to_numpy(),
+            # Megatron-LM also runs tp a multiple of the groups, each TP rank holding a copy
+            # of one group's K and V; the cost models split K and V over TP ranks and do
+            # not price those copies, so such layouts are not ranked.
             lambda t: "num_query_groups (" + _text(t["num_query_groups"])
-            + ") must divide by tp (" + _text(t["tp"]) + ")",
+            + ") must divide by tp (" + _text(t["tp"]) + "): the cost models do not price "
+            "K/V heads copied over TP ranks",
             ('num_query_groups', 'tp'),
         ),
         Rule(

@@ -213,6 +213,13 @@ def build_command(layout: Layout, job: Job,
             f"layout tp·pp·cp·dp = {layout.tp}·{layout.pp}·{layout.cp}·{layout.dp} does not "
             f"equal num_gpus={job.num_gpus}; no Megatron-LM command can run it"
         )
+    if layout.vp > 1 and model.num_layers % (layout.pp * layout.vp) != 0:
+        # Megatron-LM takes layers per virtual stage and derives vp from it (validate_args):
+        # a rounded count would run another number of virtual stages than asked.
+        raise LayoutSearchError(
+            f"layout vp={layout.vp}: num_layers={model.num_layers} must divide by pp·vp = "
+            f"{layout.pp * layout.vp}; --num-layers-per-virtual-pipeline-stage cannot say it"
+        )
     kernels, env, notes = _kernel_args(layout, model)
     parallel = _parallel_args(layout, model)
     argv = [

@@ -10,6 +10,7 @@ user points layoutsearch at their own checkout and cluster without touching code
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,8 @@ from layoutsearch.megatron.slurm_options import check_slurm_settings
 from layoutsearch.space import KNOBS
 
 LAUNCHERS = ("dry_run", "local", "slurm")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""A POSIX shell variable name: what `export NAME=value` in a launch script accepts."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,6 +86,11 @@ class MegatronSettings:
             raise LayoutSearchError(
                 f"megatron.timeout_s={self.timeout_s!r}: must be a number of seconds > 0, or "
                 "null for 1800 s raised to the layout's predicted run")
+        for name in self.env:
+            if not ENV_NAME.fullmatch(name):
+                raise LayoutSearchError(
+                    f"megatron.env: {name!r} is not an environment variable name (letters, "
+                    "digits and _, not starting with a digit); launch scripts export it as is")
         check_slurm_settings(self.slurm)
 
     @property

@@ -25,14 +25,23 @@ DEPRECATED_FLAGS = {
     "--batch-size": ("error", "use --micro-batch-size"),
     "--model-parallel-size": ("error", "use --tensor-model-parallel-size"),
     "--warmup": ("error", "use --lr-warmup-fraction"),
-    # Still accepted and mapped: validate_args sets recompute_granularity = 'selective'.
-    "--recompute-activations": ("warning", "means --recompute-granularity selective"),
+    # Still accepted and mapped: validate_args sets recompute_granularity = 'selective'
+    # (parse_argv does the same), whatever --recompute-granularity says.
+    "--recompute-activations": ("warning", "sets --recompute-granularity selective, "
+                                "overriding the layout's recompute"),
     # _add_training_args: kept for compatibility, no effect on MCore models.
     "--use-flash-attn": ("warning", "no effect; use --attention-backend flash"),
     # _add_network_size_args: "Deprecated: use --position-embedding-type".
     "--use-rotary-position-embeddings": ("warning", "use --position-embedding-type rope"),
-    "--no-position-embedding": ("warning", "use --position-embedding-type"),
 }
+NVTE_ATTENTION = {
+    backend: dict(zip(("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"), values,
+                      strict=True))
+    for backend, values in {"local": "000", "flash": "100", "fused": "010",
+                            "unfused": "001", "auto": "111"}.items()
+}
+"""The Transformer Engine attention switches each --attention-backend sets, and asserts are
+unset or equal beforehand (LanguageModule._set_attention_backend)."""
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                      "shared_experts")
 
@@ -55,6 +64,8 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-query-attention", action="store_true")
     p.add_argument("--num-query-groups", type=int, default=1)
     p.add_argument("--max-position-embeddings", type=int)
+    p.add_argument("--no-position-embedding", action="store_false",
+                   dest="add_position_embedding")
     p.add_argument("--position-embedding-type", default="learned_absolute",
                    choices=["learned_absolute", "rope", "mrope", "relative", "none"])
     p.add_argument("--rotary-base", type=int, default=10000)
@@ -67,6 +78,7 @@ def argument_parser() -> argparse.ArgumentParser:
     # _add_training_args
     p.add_argument("--micro-batch-size", type=int)
     p.add_argument("--global-batch-size", type=int)
+    p.add_argument("--recompute-activations", action="store_true")
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
     p.add_argument("--recompute-method", choices=["uniform", "block"])
     p.add_argument("--recompute-num-layers", type=int)
@@ -131,15 +143,27 @@ class Problem:
         return f"{self.severity}: {self.rule}: {self.message}"
 
 
+def _as_megatron_rewrites(a: argparse.Namespace) -> argparse.Namespace:
+    # validate_args: `if args.recompute_activations: args.recompute_granularity = 'selective'`.
+    if a.recompute_activations:
+        a.recompute_granularity = "selective"
+    return a
+
+
 def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
     """The argv parsed as Megatron-LM would; ValueError on an unknown or malformed flag."""
-    return argument_parser().parse_args(list(argv))
+    return _as_megatron_rewrites(argument_parser().parse_args(list(argv)))
 
 
 def parse_known_argv(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """The flags layoutsearch knows parsed as Megatron-LM would, and the others as given
     (a user's extra flags, e.g. --rope-scaling-factor 8); ValueError on a malformed known flag."""
-    return argument_parser().parse_known_args(list(argv))
+    known, others = argument_parser().parse_known_args(list(argv))
+    return _as_megatron_rewrites(known), others
+
+
+def _nvte_expected(backend: str) -> str:
+    return ", ".join(f"{name}={value}" for name, value in NVTE_ATTENTION[backend].items())
 
 
 def _split(a: argparse.Namespace) -> tuple[int, int]:
@@ -193,6 +217,9 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
     vstage = a.num_layers_per_virtual_pipeline_stage
     granularity = a.recompute_granularity
     local = a.transformer_impl == "local"
+    nvte_conflicts = [f"{name}={env[name]}"
+                      for name, value in NVTE_ATTENTION[a.attention_backend].items()
+                      if name in env and env[name] != value]
     return [
         # validate_args: "world size is not divisible by total_model_size".
         (world % model_parallel != 0, "world_size",
@@ -251,9 +278,10 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
         (heads % tp != 0, "heads_per_tp",
          f"num_attention_heads ({heads}) must be a multiple of tensor_model_parallel_size ({tp})",
          "error"),
-        (groups % tp != 0, "query_groups_per_tp",
-         f"num_query_groups ({groups}) must be a multiple of tensor_model_parallel_size ({tp})",
-         "error"),
+        # (Megatron-LM before 2024 asked for a multiple; now TP ranks may share a group.)
+        (groups % tp != 0 and tp % groups != 0, "query_groups_per_tp",
+         f"num_query_groups ({groups}) must be a multiple or divisor of "
+         f"tensor_model_parallel_size ({tp})", "error"),
         # validate_args: kv_channels = hidden_size // heads needs hidden % heads == 0.
         (bool(heads) and (a.hidden_size or 0) % heads != 0, "kv_channels",
          f"--hidden-size {a.hidden_size} must divide by heads {heads}", "error"),
@@ -266,6 +294,11 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
          f"{a.seq_length}", "error"),
         # validate_args: "Disabling sequence parallelism because tensor model parallelism is
         # disabled" (a warning; SP is switched off).
+        # validate_args: "--no-position-embedding is deprecated, use
+        # --position-embedding-type" (a RuntimeError unless the type is rope).
+        (not a.add_position_embedding and a.position_embedding_type != "rope",
+         "no_position_embedding", "--no-position-embedding is deprecated (Megatron-LM stops); "
+         "use --position-embedding-type", "error"),
         (a.sequence_parallel and tp == 1, "sequence_parallel_needs_tp",
          "--sequence-parallel at tp 1 is switched off by Megatron-LM", "warning"),
         # TransformerConfig.__post_init__ (recompute): full needs a method and a layer count
@@ -322,6 +355,13 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
         # validate_args: --attention-backend local is only supported with --spec local.
         (a.attention_backend == "local", "attention_backend_local",
          "--attention-backend local needs --spec local", "error"),
+        # LanguageModule._set_attention_backend (megatron/core/models/common/language_module/
+        # language_module.py) asserts that NVTE_FLASH_ATTN, NVTE_FUSED_ATTN and
+        # NVTE_UNFUSED_ATTN are unset or match --attention-backend.
+        (bool(nvte_conflicts), "attention_backend_env",
+         f"{', '.join(nvte_conflicts)} in the environment conflict(s) with --attention-backend "
+         f"{a.attention_backend}, which needs {_nvte_expected(a.attention_backend)}: unset "
+         "them", "error"),
         # validate_args: TP or CP > 1 asserts CUDA_DEVICE_MAX_CONNECTIONS=1 (pre-Blackwell).
         ((tp > 1 or cp > 1) and env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1",
          "cuda_device_max_connections",

@@ -192,9 +192,14 @@ def test_round_trip_of_a_layout_through_its_argv():
     row = row_of_argv(command.argv, env=command.env, world_size=128, gpu="a100_80gb")
     assert Layout.from_row(row) == layout
     assert validate_argv(command.argv, env=command.env, world_size=128) == []
-    # 60 layers cannot be split into pp4 × vp2 chunks: Megatron-LM (and we) refuse.
-    bad = build_command(study_layout(128, 4, 4, vp=2), job)
-    rules = {p.rule for p in validate_argv(bad.argv, env=bad.env, world_size=128)}
+    # 60 layers cannot be split into pp4 × vp2 chunks: no layers-per-virtual-stage count
+    # says it (7 would run 15 // 7 = 2 chunks of 7 and leave one over).
+    with pytest.raises(LayoutSearchError, match=r"vp=2: num_layers=60 must divide by pp·vp = 8"):
+        build_command(study_layout(128, 4, 4, vp=2), job)
+    # And Megatron-LM's own rule, on a command line that asks for it.
+    argv = list(command.argv)
+    argv[argv.index("--num-layers-per-virtual-pipeline-stage") + 1] = "4"  # 30 per stage
+    rules = {p.rule for p in validate_argv(argv, env=command.env, world_size=128)}
     assert "layers_per_vstage" in rules
 
 
@@ -282,6 +287,50 @@ def test_deprecated_unknown_and_malformed_flags(argv):
     assert [(p.rule, p.severity) for p in unchecked] == [("unchecked_flag", "warning")]
     assert unchecked[0].message.startswith("--rotary-percent: passed on")
     assert _rules([*argv, "--tensor-model-parallel-size", "two"], ENV) == {"argparse"}
+
+
+def test_query_groups_may_be_a_multiple_or_a_divisor_of_tp(argv):
+    gqa = [*argv, "--group-query-attention", "--num-query-groups", "4"]
+    assert "query_groups_per_tp" not in _rules(gqa, ENV)  # 4 groups, tp 2
+    shared = _set(gqa, "--tensor-model-parallel-size", "8")
+    assert "query_groups_per_tp" not in _rules(shared, ENV, world=256)  # tp 8 shares groups
+    assert "query_groups_per_tp" in _rules(_set(gqa, "--num-query-groups", "3"), ENV)
+
+
+def test_flags_megatron_rewrites_or_refuses(argv):
+    # --recompute-activations turns a full-recompute command selective, and Megatron-LM then
+    # refuses the full recompute's method and layer count.
+    full = [*argv, "--recompute-granularity", "full", "--recompute-method", "uniform",
+            "--recompute-num-layers", "1"]
+    assert _rules(full, ENV) == set()
+    assert "recompute_selective" in _rules([*full, "--recompute-activations"], ENV)
+    assert parse_argv([*argv, "--recompute-activations"]).recompute_granularity == "selective"
+    # --no-position-embedding stops Megatron-LM unless the positions are rotary.
+    assert "no_position_embedding" in _rules(
+        [*_set(argv, "--position-embedding-type", "learned_absolute"),
+         "--no-position-embedding"], ENV)
+    assert "no_position_embedding" not in _rules([*argv, "--no-position-embedding"], ENV)
+
+
+def test_transformer_engine_attention_switches_must_match_the_backend(argv):
+    assert "--attention-backend" in argv and _set(argv, "--attention-backend", "flash") == argv
+    assert _rules(argv, {**ENV, "NVTE_FLASH_ATTN": "1"}) == set()
+    problems = validate_argv(argv, env={**ENV, "NVTE_FUSED_ATTN": "1", "NVTE_FLASH_ATTN": "0"},
+                             world_size=64)
+    assert [p.rule for p in problems] == ["attention_backend_env"]
+    assert problems[0].message.startswith("NVTE_FLASH_ATTN=0, NVTE_FUSED_ATTN=1 in the "
+                                          "environment conflict(s) with --attention-backend "
+                                          "flash, which needs NVTE_FLASH_ATTN=1, "
+                                          "NVTE_FUSED_ATTN=0, NVTE_UNFUSED_ATTN=0")
+    assert "attention_backend_env" in _rules(_set(argv, "--attention-backend", "auto"),
+                                             {**ENV, "NVTE_FUSED_ATTN": "0"})
+
+
+def test_environment_names_are_checked_before_they_reach_a_script():
+    with pytest.raises(LayoutSearchError, match=r"megatron.env: 'NCCL_DEBUG; touch x' is not"):
+        MegatronSettings.from_dict({"env": {"NCCL_DEBUG; touch x": "INFO"}})
+    assert MegatronSettings.from_dict({"env": {"NCCL_DEBUG": "INFO"}}).env == {
+        "NCCL_DEBUG": "INFO"}
 
 
 def test_sequence_parallel_at_tp1_is_a_warning_not_an_error():
