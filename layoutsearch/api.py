@@ -171,8 +171,11 @@ def predict(
     if isinstance(frame, str | Path):
         source = str(frame)
         frame = read_table(frame)
-    else:
+    elif isinstance(frame, pd.DataFrame):
         source = "frame"
+    else:
+        raise LayoutSearchError(f"predict: frame={frame!r} must be a pandas DataFrame or the "
+                                "path of a CSV or Parquet file of measurement rows")
     clusters = dict(clusters or clusters_by_gpu())
     rows = validate_measurements(frame, source=source, gpus=clusters)
     rule_reason = violations(rows, clusters)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -39,6 +40,7 @@ from layoutsearch.drivers import build_driver
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.megatron import emit_megatron
+from layoutsearch.megatron.settings import resolve_settings
 from layoutsearch.paths import config_dir
 from layoutsearch.reporting import report as write_run_report
 from layoutsearch.reporting.sweep import (
@@ -92,6 +94,7 @@ def run(config: Mapping[str, Any], output_dir: Path) -> pd.DataFrame:
     emit = config.get("emit")
     if emit is not None and emit not in EMITTERS:
         raise LayoutSearchError(unknown_name_message("emit", str(emit), EMITTERS))
+    resolve_settings(config.get("megatron"))  # a wrong megatron= fails before the search
     with warnings.catch_warnings():  # printed below as the frame's message instead
         warnings.simplefilter("ignore", NoLayoutFitsWarning)
         ranked = search(
@@ -364,6 +367,16 @@ def _app(cfg: DictConfig) -> None:
         _print_error(error)
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / ERROR_FILE).write_text(f"{error}\n")
+    except Exception as error:
+        if hydra_config.mode != RunMode.MULTIRUN:
+            raise
+        # A fault of layoutsearch's own in one job: the traceback for a report, and the
+        # sweep's other jobs and summary as for a wrong input.
+        traceback.print_exc()
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / ERROR_FILE).write_text(
+            f"internal error (a layoutsearch bug; the traceback is in the job's log): "
+            f"{type(error).__name__}: {error}\n")
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ cost model prices a table that carries everything it needs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,10 +40,19 @@ def space_names() -> list[str]:
     return sorted(p.stem for p in config_dir("search_spaces").glob("*.yaml"))
 
 
+def _plain(value: Any) -> Any:
+    """A numpy integer or bool as the Python one (tp=np.int64(2) is tp=2)."""
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
 def _as_list(knob: str, values: Any) -> list[Any]:
-    if isinstance(values, str | int | bool) or values is None:
-        values = [values]
-    values = list(values)
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        values = [values]  # one value: a name, a number, a flag (or something wrong)
+    values = [_plain(v) for v in values]
     if not values:
         raise LayoutSearchError(f"search space {knob}: needs at least one value")
     if knob in INTEGER_KNOBS:
@@ -57,6 +66,9 @@ def _as_list(knob: str, values: Any) -> list[Any]:
     else:
         valid = CHOICE_KNOBS[knob]
         for v in values:
+            if not isinstance(v, str):
+                raise LayoutSearchError(
+                    f"search space {knob}={v!r}: must be one of {', '.join(valid)}")
             if v not in valid:
                 raise LayoutSearchError(unknown_name_message(knob, str(v), valid))
     return list(dict.fromkeys(values))  # drop repeats, keep order

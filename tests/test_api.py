@@ -183,6 +183,18 @@ def test_arguments_of_the_wrong_type(argument: str, value: object) -> None:
     raises_user_error(re.escape(f"{argument}={value!r}: must be a"), **{argument: value})
 
 
+def test_predict_takes_a_frame_or_a_path() -> None:
+    with pytest.raises(LayoutSearchError, match=r"predict: frame=5 must be a pandas DataFrame"):
+        predict(5)  # type: ignore[arg-type]
+
+
+def test_a_misspelt_driver_setting_gets_the_closest_name() -> None:
+    raises_user_error(r"unknown driver=optuna setting 'ntrials'; did you mean 'n_trials'\?",
+                      driver={"name": "optuna", "ntrials": 5})
+    raises_user_error(r"driver=grid takes no settings, got 'n_trials'",
+                      driver={"name": "grid", "n_trials": 5})
+
+
 def test_unknown_cost_model() -> None:
     raises_user_error(r"unknown cost model 'nope'.*analytic", cost_model="nope")
 

@@ -165,6 +165,30 @@ def test_cli_without_usable_runs_exits_2_with_the_reason(tmp_path, capsys):
     assert not (tmp_path / "x.yaml").exists()
 
 
+@pytest.mark.parametrize(("options", "message"), [
+    (["--memory-grid", "1"], "memory_grid=1: must be an integer >= 2"),
+    (["--max-evals", "0"], "max_evals=0: must be an integer >= 1"),
+])
+def test_cli_settings_out_of_range_exit_2_before_fitting(tmp_path, capsys, options, message):
+    path = tmp_path / "runs.csv"
+    synthetic_runs(PRIOR["a100_80gb"]).to_csv(path, index=False)
+    with pytest.raises(SystemExit) as stop:
+        main([str(path), "--out", str(tmp_path / "x.yaml"), "--no-cv", *options])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main([str(path), "--out", str(tmp_path)])
+    assert stop.value.code == 2 and "is a folder" in capsys.readouterr().err
+
+
+def test_out_of_memory_rows_alone_fit_memory_and_keep_the_time_constants():
+    runs = synthetic_runs(PRIOR["a100_80gb"])
+    only_oom = runs[runs["status"] == "oom"]
+    assert len(only_oom) > 0
+    with pytest.warns(UserWarning, match="a100_80gb: no row with status ok"):
+        fitted = fit_constants(only_oom, PRIOR, max_evals=5, memory_grid=3)
+    assert fitted["a100_80gb"].gemm_efficiency == PRIOR["a100_80gb"].gemm_efficiency
+
+
 def test_cli_on_one_job_fits_and_says_why_it_skips_cross_validation(tmp_path, capsys):
     runs = synthetic_runs(PRIOR["a100_80gb"])
     path = tmp_path / "one_job.csv"

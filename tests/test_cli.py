@@ -119,6 +119,13 @@ def test_bad_job_size_exits_2_with_the_rule(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_wrong_megatron_settings_fail_before_the_search(tmp_path: Path) -> None:
+    done = layoutsearch("megatron=megatrom", FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "unknown Megatron-LM settings 'megatrom'; did you mean 'megatron'?" in done.stderr
+    assert not (tmp_path / "ranked.csv").exists()
+
+
 def test_help_lists_exactly_the_config_groups(tmp_path: Path) -> None:
     done = layoutsearch("--help", cwd=tmp_path)
     groups = done.stdout.split("== Configuration groups ==", 1)[1].split("==", 1)[0]

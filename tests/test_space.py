@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from layoutsearch.catalog import load_cluster, load_model
@@ -79,6 +80,10 @@ def test_pin_restricts_knobs(job: Job) -> None:
         ({"sequence_parallel": ["yes"]}, r"sequence_parallel='yes': must be true or false"),
         ({"dp": [1, 2]}, r"unknown knob 'dp'.*dp follows from num_gpus / \(tp·pp·cp\)"),
         ({"pp": []}, r"search space pp: needs at least one value"),
+        ({"tp": 2.5}, r"search space tp=2\.5: must be a positive integer"),
+        ({"rmsnorm_kernel": 1.0}, r"rmsnorm_kernel=1\.0: must be true or false"),
+        ({"recompute": b"full"}, r"recompute=b'full': must be one of none, selective"),
+        ({"attention": 2}, r"attention=2: must be one of torch, fused"),
     ],
 )
 def test_bad_space_values_are_named(fields: dict[str, object], expected: str) -> None:
@@ -94,6 +99,13 @@ def test_unknown_space_name() -> None:
 def test_single_values_and_repeats() -> None:
     space = SearchSpace.from_dict({"tp": 2, "pp": [1, 1, 2], "attention": "flash2"})
     assert space.tp == (2,) and space.pp == (1, 2) and space.attention == ("flash2",)
+
+
+def test_numpy_values_are_the_python_ones() -> None:
+    space = SearchSpace.from_dict({"tp": np.int64(2), "pp": np.array([1, 2]),
+                                   "sequence_parallel": np.bool_(True)})
+    assert space.tp == (2,) and space.pp == (1, 2) and space.sequence_parallel == (True,)
+    assert type(space.pp[0]) is int and type(space.sequence_parallel[0]) is bool
 
 
 def test_a_space_built_in_python_is_validated() -> None:

@@ -72,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Fit the analytic constants to measured runs; print fidelity before, after and LOJO."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if Path(args.out).is_dir():
+        parser.error(f"--out {args.out}: is a folder; name the YAML file to write")
     free = [n.strip() for n in args.free.split(",") if n.strip()] if args.free else None
     settings: dict[str, Any] = {"max_evals": args.max_evals, "memory_grid": args.memory_grid,
                                 "fit_memory_constants": not args.keep_memory}

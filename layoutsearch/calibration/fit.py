@@ -11,6 +11,7 @@ compare with the starting (a-priori) constants on that same sweep.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 
 import pandas as pd
@@ -62,6 +63,9 @@ def fit_constants(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
     clusters = dict(clusters or clusters_by_gpu())
     if free is not None:
         _check_names(free)
+    for name, value, least in (("max_evals", max_evals, 1), ("memory_grid", memory_grid, 2)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise LayoutSearchError(f"{name}={value!r}: must be an integer >= {least}")
     usable = _usable(rows, clusters)
     if usable.empty:
         raise LayoutSearchError(
@@ -75,6 +79,12 @@ def fit_constants(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
         start = base[gpu]
         if fit_memory_constants:
             start = fit_memory(group, start, clusters, grid=memory_grid).constants
+        if not (group["status"] == "ok").any():
+            # Out-of-memory rows pin the memory constants but say nothing of speed.
+            warnings.warn(f"{gpu}: no row with status ok; its time constants stay the base's",
+                          stacklevel=2)
+            fitted[gpu] = start
+            continue
         objective = TimeObjective(group, clusters)
         names = [n for n in free if n not in MEMORY_CONSTANTS] if free is not None else (
             time_free(objective, start, skip=MEMORY_CONSTANTS))

@@ -66,12 +66,35 @@ class AnalyticConstants:
                 f"{where}: unknown constant(s) {sorted(unknown)}, missing {sorted(missing)}"
             )
         for name, value in fields.items():
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise LayoutSearchError(f"{where}.{name}={value!r}: must be a number >= 0")
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise LayoutSearchError(f"{where}.{name}={value!r}: must be a number")
+            rule = _rule_of(name)
+            if not RANGE_RULES[rule](float(value)):
+                raise LayoutSearchError(f"{where}.{name}={value!r}: must be {rule}")
         return cls(**{k: float(v) for k, v in fields.items()})
 
     def to_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+RANGE_RULES = {
+    "a fraction in (0, 1]": lambda v: 0.0 < v <= 1.0,
+    "a number > 0": lambda v: v > 0.0,
+    "a number >= 0": lambda v: v >= 0.0,
+    "0 or 1": lambda v: v in (0.0, 1.0),
+}
+"""What each kind of constant may be: efficiencies and shares are fractions of a rate; the
+byte counts and factors multiply or divide; the overheads may be none; a switch is 0 or 1."""
+
+
+def _rule_of(name: str) -> str:
+    if name.endswith("_efficiency") or name == "dp_comm_exposed":
+        return "a fraction in (0, 1]"
+    if name in ("kernel_overhead_s", "memory_overhead_gib"):
+        return "a number >= 0"
+    if name == "logits_sharded_by_tp":
+        return "0 or 1"
+    return "a number > 0"
 
 
 def constants_path(name_or_path: str | Path) -> Path:

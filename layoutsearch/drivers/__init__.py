@@ -7,6 +7,7 @@ A driver has a `name` and `run(problem) -> DataFrame` (one row per evaluated lay
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -50,7 +51,24 @@ def build_driver(spec: str | Mapping[str, Any] | Driver, **settings: Any) -> Dri
     try:
         return DRIVERS[spec](**settings)
     except TypeError as error:
+        accepted = set(inspect.signature(_driver_class(spec)).parameters)
+        unknown = sorted(set(settings) - accepted)
+        if unknown and not accepted:
+            raise LayoutSearchError(f"driver={spec} takes no settings, got {unknown[0]!r}"
+                                    ) from None
+        if unknown:
+            raise LayoutSearchError(unknown_name_message(f"driver={spec} setting", unknown[0],
+                                                         accepted)) from None
         raise LayoutSearchError(f"driver {spec!r}: {error}") from None
+
+
+def _driver_class(name: str) -> Callable[..., Driver]:
+    """The class a driver name builds (the optuna driver's is imported on use)."""
+    if name == "optuna":
+        from layoutsearch.drivers.optuna import OptunaDriver
+
+        return OptunaDriver
+    return DRIVERS[name]
 
 
 __all__ = ["DRIVERS", "Driver", "GridDriver", "PaperDriver", "build_driver"]

@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from layoutsearch.costs.constants import constants_path
-from layoutsearch.errors import LayoutSearchError
+from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.megatron.slurm_options import check_slurm_settings
+from layoutsearch.paths import config_dir
 from layoutsearch.space import KNOBS
 
 LAUNCHERS = ("dry_run", "local", "slurm")
@@ -114,9 +114,23 @@ class MegatronSettings:
     @classmethod
     def load(cls, name_or_path: str | Path = "megatron") -> MegatronSettings:
         """Settings from a `cost_models/` file by name, or from a YAML path."""
-        path = constants_path(name_or_path)
+        path = Path(name_or_path)
+        if path.suffix not in (".yaml", ".yml"):
+            path = config_dir("cost_models") / f"{name_or_path}.yaml"
+            if not path.is_file() or "megatron_path" not in (yaml.safe_load(path.read_text())
+                                                              or {}):
+                raise LayoutSearchError(unknown_name_message(
+                    "Megatron-LM settings", str(name_or_path), settings_names()))
+        if not path.is_file():
+            raise LayoutSearchError(f"megatron={str(path)!r}: no such settings file")
         with path.open() as handle:
             return cls.from_dict(yaml.safe_load(handle) or {}, str(path))
+
+
+def settings_names() -> list[str]:
+    """The `cost_models/` files that are Megatron-LM settings (they name megatron_path)."""
+    return sorted(p.stem for p in config_dir("cost_models").glob("*.yaml")
+                  if "megatron_path" in (yaml.safe_load(p.read_text()) or {}))
 
 
 def _coerce(values: Mapping[str, Any], where: str) -> dict[str, Any]:

@@ -32,8 +32,11 @@ def report(result: pd.DataFrame, out_dir: str | Path | None = None, *,
         )
     if result.empty:
         raise LayoutSearchError("report(result): the result has no rows")
-    return write_report(result, Path(out_dir) if out_dir is not None else DEFAULT_DIR,
-                        top_k=top_k)
+    folder = Path(out_dir) if out_dir is not None else DEFAULT_DIR
+    if folder.exists() and not folder.is_dir():
+        raise LayoutSearchError(f"report(result, out_dir={str(folder)!r}): is a file; the "
+                                "report is a folder (report.md and its figures)")
+    return write_report(result, folder, top_k=top_k)
 
 
 __all__ = ["StudyCheck", "check_study_rules", "report", "write_report"]

@@ -49,6 +49,15 @@ def test_a_constant_out_of_range_or_missing_is_named() -> None:
     missing = {k: v for k, v in good.items() if k != "logit_bytes"}
     with pytest.raises(LayoutSearchError, match="logit_bytes"):
         AnalyticConstants.from_dict(missing, "test")
+    # A zero or above-one efficiency would price a step infinite or faster than peak.
+    for name, value, rule in [("gemm_efficiency", 0, r"a fraction in \(0, 1\]"),
+                              ("network_efficiency", 1.5, r"a fraction in \(0, 1\]"),
+                              ("logit_bytes", 0, "a number > 0"),
+                              ("logits_sharded_by_tp", 0.5, "0 or 1"),
+                              ("gemm_efficiency", "0.7", "a number")]:
+        with pytest.raises(LayoutSearchError, match=rf"test\.{name}={value!r}: must be {rule}"):
+            AnalyticConstants.from_dict({**good, name: value}, "test")
+    assert AnalyticConstants.from_dict({**good, "kernel_overhead_s": 0}, "test")
 
 
 def test_a_gpu_without_constants_is_named() -> None:

@@ -223,7 +223,7 @@ def test_bad_storage_urls_and_settings_are_named(tmp_path: Path,
         build_driver({"name": "optuna", "objectives": ["mfuu"]})
     with pytest.raises(LayoutSearchError, match="n_trials=0"):
         build_driver("optuna", n_trials=0)
-    with pytest.raises(LayoutSearchError, match="unexpected keyword"):
+    with pytest.raises(LayoutSearchError, match="setting 'n_trails'; did you mean 'n_trials'"):
         build_driver("optuna", n_trails=5)
     with pytest.raises(LayoutSearchError, match=r"driver\.timeout='10': must be a positive"):
         build_driver("optuna", timeout="10")

@@ -54,6 +54,14 @@ def test_report_without_a_job_is_a_user_error(ranked: pd.DataFrame, tmp_path: Pa
         layoutsearch.report(bare, tmp_path)
 
 
+def test_report_into_a_file_is_a_user_error(ranked: pd.DataFrame, tmp_path: Path) -> None:
+    taken = tmp_path / "ranked.csv"
+    taken.write_text("kept\n")
+    with pytest.raises(LayoutSearchError, match=r"out_dir='.*ranked\.csv'\): is a file"):
+        layoutsearch.report(ranked, taken)
+    assert taken.read_text() == "kept\n"
+
+
 def test_report_when_nothing_fits(tmp_path: Path) -> None:
     with pytest.warns(layoutsearch.NoLayoutFitsWarning):
         ranked = layoutsearch.search(model="llama_65b", num_gpus=8, seq_length=2048,
