@@ -26,11 +26,15 @@ class Driver(Protocol):
     def run(self, problem: SearchProblem) -> pd.DataFrame: ...
 
 
-def _optuna_driver(**settings: Any) -> Driver:
+def _optuna_class() -> Callable[..., Driver]:
     # Imported on use: optuna adds ~0.2 s to `import layoutsearch` for grid-only users.
     from layoutsearch.drivers.optuna import OptunaDriver
 
-    return OptunaDriver(**settings)
+    return OptunaDriver
+
+
+def _optuna_driver(**settings: Any) -> Driver:
+    return _optuna_class()(**settings)
 
 
 DRIVERS: dict[str, Callable[..., Driver]] = {
@@ -51,7 +55,8 @@ def build_driver(spec: str | Mapping[str, Any] | Driver, **settings: Any) -> Dri
     try:
         return DRIVERS[spec](**settings)
     except TypeError as error:
-        accepted = set(inspect.signature(_driver_class(spec)).parameters)
+        built = _optuna_class() if spec == "optuna" else DRIVERS[spec]
+        accepted = set(inspect.signature(built).parameters)
         unknown = sorted(set(settings) - accepted)
         if unknown and not accepted:
             raise LayoutSearchError(f"driver={spec} takes no settings, got {unknown[0]!r}"
@@ -60,15 +65,6 @@ def build_driver(spec: str | Mapping[str, Any] | Driver, **settings: Any) -> Dri
             raise LayoutSearchError(unknown_name_message(f"driver={spec} setting", unknown[0],
                                                          accepted)) from None
         raise LayoutSearchError(f"driver {spec!r}: {error}") from None
-
-
-def _driver_class(name: str) -> Callable[..., Driver]:
-    """The class a driver name builds (the optuna driver's is imported on use)."""
-    if name == "optuna":
-        from layoutsearch.drivers.optuna import OptunaDriver
-
-        return OptunaDriver
-    return DRIVERS[name]
 
 
 __all__ = ["DRIVERS", "Driver", "GridDriver", "PaperDriver", "build_driver"]

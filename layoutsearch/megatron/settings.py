@@ -116,12 +116,12 @@ class MegatronSettings:
         """Settings from a `cost_models/` file by name, or from a YAML path."""
         path = Path(name_or_path)
         if path.suffix not in (".yaml", ".yml"):
-            path = config_dir("cost_models") / f"{name_or_path}.yaml"
-            if not path.is_file() or "megatron_path" not in (yaml.safe_load(path.read_text())
-                                                              or {}):
+            names = settings_names()
+            if str(name_or_path) not in names:
                 raise LayoutSearchError(unknown_name_message(
-                    "Megatron-LM settings", str(name_or_path), settings_names()))
-        if not path.is_file():
+                    "Megatron-LM settings", str(name_or_path), names))
+            path = config_dir("cost_models") / f"{name_or_path}.yaml"
+        elif not path.is_file():
             raise LayoutSearchError(f"megatron={str(path)!r}: no such settings file")
         with path.open() as handle:
             return cls.from_dict(yaml.safe_load(handle) or {}, str(path))
