@@ -19,12 +19,15 @@ from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
 from layoutsearch.costs import CostModel, build_cost_model
 from layoutsearch.costs.analytic import AnalyticCostModel
 from layoutsearch.costs.constants import constants_path
+from layoutsearch.costs.measured import MeasuredCostModel
 from layoutsearch.drivers import Driver, GridDriver, build_driver
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.measurements import read_table, validate_measurements
 from layoutsearch.megatron import with_megatron_args
 from layoutsearch.megatron.args import build_command
+from layoutsearch.megatron.emit import SettingsSpec
+from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.problem import SearchProblem
 from layoutsearch.results import close_call_note, headroom_note, no_fit_message, rank
 from layoutsearch.rules import violations
@@ -94,6 +97,7 @@ def search(
     search_space: str | SearchSpace | Mapping[str, Any] = "paper",
     cost_model: str | Path | Mapping[str, Any] | CostModel = "analytic",
     driver: str | Mapping[str, Any] | Driver = "grid",
+    megatron: SettingsSpec = None,
     **overrides: Any,
 ) -> pd.DataFrame:
     """Rank the layouts of one job, best first (feasible rows first).
@@ -101,7 +105,9 @@ def search(
     `overrides` change model fields (`vocab_size=128000`) or pin knobs (`tp=2`,
     `attention=["flash2"]`). The frame's `attrs["message"]` explains an empty answer.
     `megatron_args` holds the quoted `pretrain_gpt.py` arguments of the best
-    `MEGATRON_ARGS_ROWS` (1,000) fitting rows, and "" for every other row.
+    `MEGATRON_ARGS_ROWS` (1,000) fitting rows, and "" for every other row, built with the
+    Megatron-LM settings `megatron` names (a `cost_models/` name, a YAML path, a mapping);
+    by default a measured cost model's own, else `cost_models/megatron.yaml`.
     """
     model_fields, pins = _split_overrides(overrides)
     job = Job(
@@ -116,6 +122,7 @@ def search(
         space = space.pin(**pins)
     clusters = {**clusters_by_gpu(), job.cluster.gpu.name: job.cluster}
     scorer = build_cost_model(cost_model)
+    settings = _megatron_settings(megatron, scorer)  # a wrong one fails before the search
     problem = SearchProblem.build(job, space, scorer, clusters)
     searcher = build_driver(driver)
     ranked = rank(searcher.run(problem))
@@ -123,9 +130,10 @@ def search(
     ranked["megatron_args"] = ""
     if len(fitting):
         ranked.loc[fitting, "megatron_args"] = with_megatron_args(
-            ranked.loc[fitting], job)["megatron_args"]
+            ranked.loc[fitting], job, settings)["megatron_args"]
     message = no_fit_message(ranked, job)
     ranked.attrs["job"] = job
+    ranked.attrs["megatron_settings"] = settings  # what emit_megatron writes scripts with
     ranked.attrs["space_size"] = len(problem.candidates)
     ranked.attrs["message"] = message or ""
     ranked.attrs["headroom_note"] = headroom_note(ranked)
@@ -133,6 +141,14 @@ def search(
     if message:
         warnings.warn(message, NoLayoutFitsWarning, stacklevel=2)
     return ranked
+
+
+def _megatron_settings(megatron: SettingsSpec, scorer: CostModel) -> MegatronSettings:
+    """The settings the `megatron_args` column is built with: those named, else the ones a
+    measured cost model launches with, so the column is the command that ran."""
+    if megatron is None and isinstance(scorer, MeasuredCostModel):
+        return scorer.settings
+    return resolve_settings(megatron)
 
 
 def _close_call_note(ranked: pd.DataFrame, scorer: CostModel, searcher: Driver, job: Job,

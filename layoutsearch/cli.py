@@ -40,7 +40,6 @@ from layoutsearch.drivers import build_driver
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.megatron import emit_megatron
-from layoutsearch.megatron.settings import resolve_settings
 from layoutsearch.paths import config_dir
 from layoutsearch.reporting import report as write_run_report
 from layoutsearch.reporting.sweep import (
@@ -72,9 +71,9 @@ SUMMARY_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "peak_memory_gib", "he
 
 Emitter = Callable[..., object]
 EMITTERS: dict[str, Emitter] = {"megatron": emit_megatron}
-"""`emit=<name>` -> writer(ranked frame, run directory, top_k=..., config=...) of an extra
-output for the `top_k` best layouts (`emit=megatron top_k=5`: launch scripts); `config` is
-the composed config, where a writer finds its own settings. Register here."""
+"""`emit=<name>` -> writer(ranked frame, run directory, top_k=...) of an extra output for the
+`top_k` best layouts (`emit=megatron top_k=5`: launch scripts); what a writer needs beyond
+the rows travels in the frame's attrs, set by `search`. Register here."""
 
 USER_ERROR_STATUS = 2  # the argparse convention for "the command line was wrong"
 
@@ -94,7 +93,6 @@ def run(config: Mapping[str, Any], output_dir: Path) -> pd.DataFrame:
     emit = config.get("emit")
     if emit is not None and emit not in EMITTERS:
         raise LayoutSearchError(unknown_name_message("emit", str(emit), EMITTERS))
-    resolve_settings(config.get("megatron"))  # a wrong megatron= fails before the search
     with warnings.catch_warnings():  # printed below as the frame's message instead
         warnings.simplefilter("ignore", NoLayoutFitsWarning)
         ranked = search(
@@ -106,6 +104,7 @@ def run(config: Mapping[str, Any], output_dir: Path) -> pd.DataFrame:
             search_space=space,
             cost_model=build_cost_model(config["cost_models"]),
             driver=build_driver(config["driver"]),
+            megatron=config.get("megatron"),
         )
     output_dir.mkdir(parents=True, exist_ok=True)
     csv = output_dir / RANKED_FILE
@@ -114,7 +113,7 @@ def run(config: Mapping[str, Any], output_dir: Path) -> pd.DataFrame:
     markdown = write_run_report(ranked, output_dir)
     print(report(ranked, space, top_k=top_k))
     if emit is not None:
-        EMITTERS[emit](ranked, output_dir, top_k=top_k, config=config)
+        EMITTERS[emit](ranked, output_dir, top_k=top_k)
     print(f"\nwrote {csv}, {notes.name} and {markdown.name} beside it")
     return ranked
 

@@ -305,6 +305,16 @@ def test_fitting_rows_carry_their_megatron_arguments(ranked: pd.DataFrame) -> No
     assert (~fits).any() and (ranked.loc[~fits, "megatron_args"] == "").all()
 
 
+def test_megatron_arguments_follow_the_megatron_settings_given(tmp_path: Path) -> None:
+    settings = {"megatron_path": str(tmp_path), "extra_args": ["--no-gradient-accumulation-fusion"]}
+    ranked = search(**JOB, tp=1, pp=1, megatron=settings)
+    assert ranked.loc[0, "megatron_args"].endswith(" --no-gradient-accumulation-fusion")
+    plain = search(**JOB, tp=1, pp=1)
+    assert "--no-gradient-accumulation-fusion" not in plain.loc[0, "megatron_args"]
+    with pytest.raises(LayoutSearchError, match=r"unknown Megatron-LM settings 'megatrom'"):
+        search(**JOB, megatron="megatrom")
+
+
 def test_megatron_arguments_are_built_for_the_best_fitting_rows_only(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(layoutsearch.api, "MEGATRON_ARGS_ROWS", 3)

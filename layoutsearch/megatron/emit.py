@@ -77,17 +77,16 @@ def write_launch_scripts(ranked: pd.DataFrame, job: Job, out_dir: str | Path,
     return paths
 
 
-def emit_megatron(ranked: pd.DataFrame, output_dir: Path, top_k: int = 5,
-                  config: Mapping[str, Any] | None = None) -> None:
+def emit_megatron(ranked: pd.DataFrame, output_dir: Path, top_k: int = 5) -> None:
     """The CLI's `emit=megatron`: launch scripts of the best layouts in `<run dir>/megatron/`.
 
-    The job comes from `ranked.attrs["job"]` (set by `layoutsearch.search`); the settings
-    from the config's `megatron` (a `cost_models/` name or a YAML path; default `megatron`).
+    The job and the Megatron-LM settings come from `ranked.attrs` (set by
+    `layoutsearch.search`, which built the `megatron_args` column with them), so the scripts
+    run the commands the ranking shows.
     """
-    job = ranked.attrs.get("job")
-    if not isinstance(job, Job):
+    job, settings = ranked.attrs.get("job"), ranked.attrs.get("megatron_settings")
+    if not isinstance(job, Job) or not isinstance(settings, MegatronSettings):
         raise LayoutSearchError("emit=megatron needs a ranking made by layoutsearch.search")
-    settings = resolve_settings((config or {}).get("megatron"))
     paths = write_launch_scripts(ranked, job, Path(output_dir) / "megatron", top_k=top_k,
                                  settings=settings)
     print(f"wrote {len(paths)} Megatron-LM launch scripts to {Path(output_dir) / 'megatron'}")

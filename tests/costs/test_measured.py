@@ -55,6 +55,9 @@ def test_measured_search_matches_analytic_and_survives_failures(tmp_path, capsys
     assert reasons.str.contains("outside the analytic top-4").any()
     assert reasons.str.startswith("not measured: flash1 cannot be selected").any()
     assert ranked["fits"].sum() == 1
+    # The ranking's command is the one launched, with the measured model's settings.
+    assert ranked.iloc[0]["megatron_args"] in launches(tmp_path)[0]
+    assert "--train-iters 6 " in ranked.iloc[0]["megatron_args"]
     # A second search over the same file launches nothing and answers the same.
     again = layoutsearch.search(cost_model=fake_measured_model(tmp_path, top_k=4), **JOB)
     assert len(launches(tmp_path)) == 4

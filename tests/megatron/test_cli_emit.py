@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from layoutsearch.megatron import parse_argv
 
 
@@ -49,3 +51,7 @@ def test_emit_megatron_takes_the_settings_file_named_by_megatron(tmp_path: Path)
     assert str(checkout / "pretrain_gpt.py") in argv
     assert argv[-1] == "--no-gradient-accumulation-fusion"
     assert "not on this machine" not in done.stdout
+    # ranked.csv and report.md carry the same command as the script.
+    ranked = pd.read_csv(run_dir / "ranked.csv", keep_default_na=False)
+    assert ranked.loc[0, "megatron_args"].endswith(" --no-gradient-accumulation-fusion")
+    assert ranked.loc[0, "megatron_args"] in (run_dir / "report.md").read_text()
