@@ -213,7 +213,7 @@ class MeasuredCostModel:
         """A new measurement row, or why the layout cannot be launched. The prescreen's
         predicted step time (s), when there is one, sizes the trial's time limit."""
         command = command_of_row(row, clusters, self.settings)
-        errors = [p for p in validate_argv(command.argv, env=command.env,
+        errors = [p for p in validate_argv(command.argv, env=self.launcher.environment(command),
                                            world_size=command.num_gpus)
                   if p.severity == "error"]
         if errors:

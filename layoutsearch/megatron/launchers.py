@@ -16,7 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -62,6 +62,11 @@ class Launcher(Protocol):
         """
         ...
 
+    def environment(self, command: MegatronCommand) -> Mapping[str, str]:
+        """The environment the command's ranks start with, as far as it is known here (the
+        NVTE_* attention switches Megatron-LM checks against --attention-backend)."""
+        ...
+
     def run(self, trial: Trial) -> TrialLog: ...
 
 
@@ -83,6 +88,9 @@ class DryRunLauncher:
 
     def preflight(self, command: MegatronCommand) -> str | None:
         return None  # a script can be written for any layout, wherever Megatron-LM is
+
+    def environment(self, command: MegatronCommand) -> Mapping[str, str]:
+        return command.env  # the script runs later, in a shell not known here
 
     def run(self, trial: Trial) -> TrialLog:
         path = write_script(trial.command, self.settings, trial.log_path.with_suffix(".sh"),
@@ -134,6 +142,9 @@ class LocalLauncher:
                     f"torchrun, cost_models/megatron.yaml)")
         return _missing_script(self.settings)
 
+    def environment(self, command: MegatronCommand) -> Mapping[str, str]:
+        return {**os.environ, **command.env}  # torchrun inherits this process's environment
+
     def run(self, trial: Trial) -> TrialLog:
         command = trial.command
         problem = self.preflight(command)
@@ -141,7 +152,7 @@ class LocalLauncher:
             return TrialLog(text=problem, returncode=None, ran=False)
         argv = torchrun_argv(command, self.settings)
         trial.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **command.env}
+        env = dict(self.environment(command))
         with trial.log_path.open("w") as log:
             try:
                 # A session of its own, so that a timeout kills torchrun and every rank.
@@ -202,6 +213,9 @@ class SlurmLauncher:
         # The nodes see the submitting host's file system (the checkout is shared), so a
         # script missing here is missing there.
         return _missing_script(self.settings)
+
+    def environment(self, command: MegatronCommand) -> Mapping[str, str]:
+        return command.env  # the nodes' own environment is not known here
 
     def run(self, trial: Trial) -> TrialLog:
         command = trial.command

@@ -167,6 +167,19 @@ def test_measured_model_conforms_and_never_launches_what_megatron_cannot_run(tmp
     assert scored["cost_reason"].iloc[0].startswith("not measured: flash1 cannot be selected")
 
 
+def test_an_attention_switch_inherited_from_the_shell_is_checked_before_launch(
+        tmp_path, monkeypatch):
+    # The local launcher's ranks inherit this environment: NVTE_FLASH_ATTN=0 makes
+    # Megatron-LM refuse --attention-backend flash, so that layout is not launched.
+    monkeypatch.setenv("NVTE_FLASH_ATTN", "0")
+    model = fake_measured_model(tmp_path, prescreen=None)
+    flash2 = conformance_candidates(limit=1).assign(attention="flash2")
+    reason = model.score(flash2, layoutsearch.catalog.clusters_by_gpu())["cost_reason"].iloc[0]
+    assert reason.startswith("not measured: Megatron-LM would reject the command")
+    assert "NVTE_FLASH_ATTN=0" in reason
+    assert model.launched == 0 and launches(tmp_path) == []
+
+
 def test_config_file_builds_the_model(tmp_path):
     model = build_cost_model("measured", prescreen="analytic", top_k=8,
                              measurements=str(tmp_path / "m.csv"), launcher="dry_run")
