@@ -46,6 +46,11 @@ def require_a_dividing_batch(job: Job, candidates: pd.DataFrame) -> None:
     )
 
 
+SUGGESTION_CANDIDATES = 500_000
+"""The most layouts tried when looking for tp·pp values to suggest (about half a second of
+rule checks); a larger widened space gets no suggestion."""
+
+
 @dataclass(frozen=True, slots=True)
 class SearchProblem:
     job: Job
@@ -66,6 +71,19 @@ class SearchProblem:
     def feasible_candidates(self) -> pd.DataFrame:
         """Rows that pass every rule (memory is the cost model's call)."""
         return self.candidates[self.candidates["rule_reason"] == ""]
+
+    def passing_tp_pp(self) -> list[tuple[int, int]]:
+        """(tp, pp) pairs that pass every rule with some setting of the space's other knobs,
+        smallest tp·pp first: what to suggest when no layout of the space passes."""
+        gpus = self.job.num_gpus
+        divisors = [d for d in range(1, gpus + 1) if gpus % d == 0]
+        wider = self.space.pin(tp=divisors, pp=divisors)
+        if wider.size() > SUGGESTION_CANDIDATES:
+            return []
+        candidates = wider.candidates(self.job)
+        passing = candidates.loc[violations(candidates, self.clusters) == "", ["tp", "pp"]]
+        pairs = {(int(tp), int(pp)) for tp, pp in passing.itertuples(index=False, name=None)}
+        return sorted(pairs, key=lambda pair: (pair[0] * pair[1], pair))
 
     def evaluate(self, rows: pd.DataFrame) -> pd.DataFrame:
         """`rows` with the cost model's columns; rule-breaking rows are not sent to it."""

@@ -140,14 +140,32 @@ def _rule_summary(reasons: pd.Series, top: int = 3) -> str:
     )
 
 
-def no_fit_message(ranked: pd.DataFrame, job: Job) -> str | None:
-    """One sentence on why no candidate is feasible and what to change; None if one is."""
+SUGGESTED_PAIRS = 12
+"""tp×pp pairs named at most when no layout passes the rules."""
+
+
+def no_fit_message(ranked: pd.DataFrame, job: Job,
+                   passing_tp_pp: Callable[[], list[tuple[int, int]]] | None = None,
+                   ) -> str | None:
+    """One sentence on why no candidate is feasible and what to change; None if one is.
+
+    `passing_tp_pp` (called only when no layout passes the rules) gives the tp·pp pairs
+    that would pass with the space's other settings, to suggest them.
+    """
     if ranked["fits"].any():
         return None
     priced = ranked[ranked["peak_memory_gib"].notna()]
     limit = job.cluster.gpu.memory_gib
     if priced.empty:
-        return f"no layout passes the rules: {_rule_summary(ranked['reason'])}"
+        message = f"no layout passes the rules: {_rule_summary(ranked['reason'])}"
+        pairs = passing_tp_pp() if passing_tp_pp else []
+        if pairs:
+            named = ", ".join(f"{tp}×{pp}" for tp, pp in pairs[:SUGGESTED_PAIRS])
+            more = f" and {len(pairs) - SUGGESTED_PAIRS} more" if len(pairs) > SUGGESTED_PAIRS \
+                else ""
+            message += (f"; with the space's other settings these tp×pp pass: {named}{more} "
+                        f"(set tp and pp to them)")
+        return message
     smallest = priced.iloc[int(priced["peak_memory_gib"].to_numpy().argmin())]
     largest_model_parallel = int((priced["tp"] * priced["pp"] * priced["cp"]).max())
     fixes = ["use more GPUs or GPUs with more memory"]

@@ -98,6 +98,17 @@ def test_nothing_fits_warns_with_a_suggestion() -> None:
     assert "allow recompute=full" not in result.attrs["message"]
 
 
+def test_when_no_layout_passes_the_rules_the_message_names_tp_pp_that_would() -> None:
+    # tp=16 on 8 GPUs breaks two rules; with the paper space's other settings, the tp×pp
+    # whose product divides 8 (and 40 heads divide by tp) pass, smallest first.
+    with pytest.warns(NoLayoutFitsWarning, match=r"no layout passes the rules"):
+        result = search(model="llama_13b", num_gpus=8, seq_length=2048, global_batch_size=64,
+                        tp=[16])
+    assert result.attrs["message"].endswith(
+        "with the space's other settings these tp×pp pass: 1×1, 1×2, 2×1, 1×4, 2×2, 4×1, "
+        "1×8, 2×4, 4×2, 8×1 (set tp and pp to them)")
+
+
 def test_a_global_batch_no_layout_can_divide() -> None:
     # 256 GPUs: tp·pp is at most 8·16 = 128, so dp >= 2 and 3 sequences never split evenly;
     # the nearest batches that do are 2 (dp 2, mb 1) and 4.

@@ -74,6 +74,16 @@ def test_rule_message_counts_each_rule_once_per_layout() -> None:
     )
 
 
+def test_rule_message_names_a_dozen_passing_tp_pp_at_most() -> None:
+    table = scored([{"tp": 3, "reason": "num_attention_heads (40) must divide by tp (3)"}])
+    pairs = [(1, pp) for pp in range(1, 15)]
+    message = no_fit_message(table, JOB, lambda: pairs)
+    assert message is not None
+    assert message.endswith("these tp×pp pass: 1×1, 1×2, 1×3, 1×4, 1×5, 1×6, 1×7, 1×8, 1×9, "
+                            "1×10, 1×11, 1×12 and 2 more (set tp and pp to them)")
+    assert no_fit_message(table, JOB, lambda: []) == no_fit_message(table, JOB)
+
+
 def test_memory_message_names_the_smallest_footprint_and_untried_fixes() -> None:
     table = scored([
         {"tp": 2, "pp": 2, "mfu": 0.5, "peak_memory_gib": 95.0, "distributed_optimizer": False},
