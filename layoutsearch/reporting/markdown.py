@@ -131,11 +131,12 @@ def write_report(ranked: pd.DataFrame, out_dir: Path, *, top_k: int = TOP_K) -> 
              f"{job.seq_length} tokens", "", *_job_section(ranked, job),
              f"## Top {min(top_k, len(ranked))} layouts", "", top_table(ranked, top_k), ""]
     if check is not None:
-        # search() built the command with the run's Megatron-LM settings; a frame made
-        # otherwise gets one with the shipped settings.
+        # The command the ranking carries (search() built it with the run's Megatron-LM
+        # settings); a frame without one gets it built with those settings, if known.
         command = best.get("megatron_args")
         if not isinstance(command, str) or not command:
-            command = with_megatron_args(ranked.head(1), job)["megatron_args"].iloc[0]
+            command = with_megatron_args(ranked.head(1), job, ranked.attrs.get(
+                "megatron_settings"))["megatron_args"].iloc[0]
         lines += _best_section(best, paths, str(command))
     lines += ["## Every candidate", "",
               f"![MFU against peak memory]({paths['mfu_vs_memory'].name})", "",
