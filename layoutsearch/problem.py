@@ -74,7 +74,10 @@ class SearchProblem:
 
     def passing_tp_pp(self) -> list[tuple[int, int]]:
         """(tp, pp) pairs that pass every rule with some setting of the space's other knobs,
-        smallest tp·pp first: what to suggest when no layout of the space passes."""
+        smallest tp·pp first: what to suggest when no layout of the space passes (none
+        when some does: then the rules are not what stands in the way)."""
+        if not self.feasible_candidates().empty:
+            return []
         gpus = self.job.num_gpus
         divisors = [d for d in range(1, gpus + 1) if gpus % d == 0]
         wider = self.space.pin(tp=divisors, pp=divisors)
