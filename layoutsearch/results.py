@@ -161,9 +161,9 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
         pairs = passing_tp_pp() if passing_tp_pp else []
         if pairs:
             named = ", ".join(f"{tp}×{pp}" for tp, pp in pairs[:SUGGESTED_PAIRS])
-            more = f" and {len(pairs) - SUGGESTED_PAIRS} more" if len(pairs) > SUGGESTED_PAIRS \
-                else ""
-            message += (f"; with the space's other settings these tp×pp pass: {named}{more} "
+            if len(pairs) > SUGGESTED_PAIRS:
+                named += f" and {len(pairs) - SUGGESTED_PAIRS} more"
+            message += (f"; with the space's other settings these tp×pp pass: {named} "
                         f"(set tp and pp to them)")
         return message
     smallest = priced.iloc[int(priced["peak_memory_gib"].to_numpy().argmin())]
