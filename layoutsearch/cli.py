@@ -76,6 +76,11 @@ EMITTERS: dict[str, Emitter] = {"megatron": emit_megatron}
 the rows travels in the frame's attrs, set by `search`. Register here."""
 
 USER_ERROR_STATUS = 2  # the argparse convention for "the command line was wrong"
+NO_FIT_STATUS = 3
+"""Exit status of a single run whose search found no layout that fits: the outputs are
+written and the reason printed, but a script that goes on to launch (`emit=megatron`, then
+sbatch) must stop. A `--multirun` exits 0 for it: a sweep over sizes expects some jobs not
+to fit, and its summary shows each job's count of fitting layouts."""
 
 
 def group_options(group: str) -> list[str]:
@@ -358,7 +363,7 @@ def _app(cfg: DictConfig) -> None:
     output_dir = Path(hydra_config.runtime.output_dir)
     forget_job_outputs(output_dir)
     try:
-        run(config, output_dir)
+        ranked = run(config, output_dir)
     except LayoutSearchError as error:
         if hydra_config.mode != RunMode.MULTIRUN:
             _fail(error)
@@ -376,6 +381,9 @@ def _app(cfg: DictConfig) -> None:
         (output_dir / ERROR_FILE).write_text(
             f"internal error (a layoutsearch bug; the traceback is in the job's log): "
             f"{type(error).__name__}: {error}\n")
+    else:
+        if hydra_config.mode != RunMode.MULTIRUN and not ranked["fits"].any():
+            sys.exit(NO_FIT_STATUS)
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""The `layoutsearch` command: outputs, overrides, multirun, and user mistakes (exit 2).
+"""The `layoutsearch` command: outputs, overrides, multirun, user mistakes (exit 2) and jobs
+that nothing fits (exit 3).
 
 Most tests run the command in a subprocess, as a user would; the space is pinned to
 tp in {1, 2} to keep each run well under a second.
@@ -227,3 +228,20 @@ def test_nothing_fits_prints_the_reason(tmp_path: Path, capsys: pytest.CaptureFi
     assert ranked.attrs["message"] and ranked.attrs["message"] in out
     assert "best layout" not in out
     assert (tmp_path / "ranked.csv").is_file()
+
+
+def test_nothing_fits_exits_3_so_a_launch_script_stops(tmp_path: Path) -> None:
+    done = layoutsearch("model=llama_65b", "num_gpus=8", FAST, "emit=megatron",
+                        f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert done.returncode == 3, done.stderr
+    assert "no layout fits" in done.stdout and "Traceback" not in done.stderr
+    assert (tmp_path / "run" / "ranked.csv").is_file()  # the outputs are still written
+    assert "wrote 0 Megatron-LM launch scripts" in done.stdout
+
+
+def test_a_sweep_with_a_job_that_fits_nowhere_exits_0(tmp_path: Path) -> None:
+    done = layoutsearch("--multirun", "model=llama_65b", "num_gpus=8,128", FAST,
+                        f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    table = pd.read_csv(tmp_path / "sweep" / "multirun.csv")
+    assert sorted(table["feasible"] > 0) == [False, True]
