@@ -8,6 +8,7 @@ effective layout (sequence parallelism at tp = 1 is a no-op) are averaged first.
     order = order_errors_by_gap(predict(runs))   # how often close calls come out the other way
     per_job, overall = signed_errors(predict(runs), "tp")   # where the model errs, by knob
     effects = knob_effects(predict(runs), "attention", "flash1", "flash2", by="pp")
+    change, low, high = spearman_change_interval(predict(job_runs, a), predict(job_runs, b))
 """
 
 from __future__ import annotations
@@ -219,3 +220,56 @@ def knob_effects(predicted: pd.DataFrame, knob: str, before: object, after: obje
     for column in ("measured_speedup", "predicted_speedup"):
         effects[column] = np.exp(effects[column])
     return effects
+
+
+def spearman_change_interval(before: pd.DataFrame, after: pd.DataFrame, *,
+                             level: float = 0.95, resamples: int = 2000,
+                             seed: int = 0) -> tuple[float, float, float]:
+    """How much of a change in ρ between two cost models is the luck of which runs were made.
+
+    `before` and `after` are one job's rows predicted by two cost models (the same rows).
+    Returns ρ(after) − ρ(before) over the job's `ok` rows (twins collapsed) and its paired
+    bootstrap interval at `level`: the rows are resampled with replacement and both ρ are
+    recomputed on each resample. An interval that holds 0 is a change the job's runs cannot
+    tell from noise: with n rows ρ itself wanders by about (1 − ρ²)/√n.
+    """
+    ok_before, ok_after = (_ok_rows_of_one_job(frame) for frame in (before, after))
+    keys = [c for c in (*GROUP_COLUMNS, *LAYOUT_COLUMNS) if c in ok_before.columns]
+    if not ok_before[keys].reset_index(drop=True).equals(ok_after[keys].reset_index(drop=True)):
+        raise LayoutSearchError("spearman_change_interval: `before` and `after` must hold the "
+                                "same measured rows, predicted by two cost models")
+    measured = ok_before["mfu"].to_numpy(float)
+    first = ok_before["predicted_mfu"].to_numpy(float)
+    second = ok_after["predicted_mfu"].to_numpy(float)
+    change = _spearman(pd.Series(second), pd.Series(measured)) - _spearman(
+        pd.Series(first), pd.Series(measured))
+    if len(measured) < 3:
+        return change, float("nan"), float("nan")
+    draws = np.random.default_rng(seed).integers(0, len(measured), (len(measured), resamples))
+
+    def rho(predicted: np.ndarray) -> np.ndarray:
+        # One column per resample; ties share their mean rank, as in _spearman.
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return _columnwise_correlation(pd.DataFrame(predicted[draws]).rank().to_numpy(),
+                                           pd.DataFrame(measured[draws]).rank().to_numpy())
+
+    changes = rho(second) - rho(first)
+    tail = 100 * (1 - level) / 2
+    low, high = np.nanpercentile(changes, [tail, 100 - tail])
+    return change, float(low), float(high)
+
+
+def _ok_rows_of_one_job(predicted: pd.DataFrame) -> pd.DataFrame:
+    collapsed = collapse_twins(predicted)
+    if collapsed[list(GROUP_COLUMNS)].drop_duplicates().shape[0] > 1:
+        raise LayoutSearchError("spearman_change_interval: the rows must be of one job "
+                                f"(one {', '.join(GROUP_COLUMNS)})")
+    ok = collapsed[collapsed["status"] == "ok"]
+    return ok[np.isfinite(ok["predicted_mfu"].astype(float))].reset_index(drop=True)
+
+
+def _columnwise_correlation(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pearson's r of each column of `a` with the same column of `b` (NaN where one is flat)."""
+    a = a - a.mean(axis=0)
+    b = b - b.mean(axis=0)
+    return (a * b).sum(axis=0) / np.sqrt((a * a).sum(axis=0) * (b * b).sum(axis=0))

@@ -129,6 +129,10 @@ def test_leave_one_job_out_beats_a_wrong_prior_on_each_held_out_job():
     # The pull towards the prior (19 % off, where its spread is 15 %) costs about 1 point.
     assert (table["mape_cv"] < 0.02).all() and (table["mape_prior"] > 0.1).all()
     assert pooled["mape"] < 0.02
+    # Each held-out job's change in ρ comes with an interval around it.
+    change = table["spearman_cv"] - table["spearman_prior"]
+    assert (table["spearman_change_low"] <= change + 1e-12).all()
+    assert (change <= table["spearman_change_high"] + 1e-12).all()
 
 
 def test_cli_writes_a_loadable_config_with_provenance(tmp_path, capsys):
@@ -146,8 +150,11 @@ def test_cli_writes_a_loadable_config_with_provenance(tmp_path, capsys):
     provenance = config["provenance"]
     assert provenance["rows"] == len(pd.read_csv(path)) and provenance["base"] == "analytic_prior"
     assert set(provenance["leave_one_job_out"]) == {"llama_7b 2048 16", "llama_13b 2048 32"}
-    assert {"verdict", "mape_prior", "mape_cv"} <= set(provenance["leave_one_job_out"][
-        "llama_7b 2048 16"])
+    held_out = provenance["leave_one_job_out"]["llama_7b 2048 16"]
+    assert {"verdict", "mape_prior", "mape_cv", "spearman_change_95"} <= set(held_out)
+    low, high = held_out["spearman_change_95"]
+    assert low <= held_out["spearman_cv"] - held_out["spearman_prior"] + 1e-3 and low <= high
+    assert "paired-bootstrap interval" in printed
     model = build_cost_model(out)
     assert isinstance(model, AnalyticCostModel)
     assert model.constants["a100_80gb"].gemm_efficiency == pytest.approx(0.7, rel=0.03)

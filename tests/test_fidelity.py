@@ -17,6 +17,7 @@ from layoutsearch.fidelity import (
     knob_effects,
     order_errors_by_gap,
     signed_errors,
+    spearman_change_interval,
 )
 
 JOB_13B = {"model": "llama_13b", "seq_length": 2048, "gpu": "a100_80gb", "num_gpus": 64,
@@ -246,3 +247,39 @@ def test_knob_effects_name_a_missing_column() -> None:
         knob_effects(rows, "attention", "flash1", "flash2", by="vpp")
     with pytest.raises(LayoutSearchError, match="by='attention' is the knob switched"):
         knob_effects(rows, "attention", "flash1", "flash2", by="attention")
+
+
+def sweep(measured: np.ndarray, predicted: np.ndarray) -> pd.DataFrame:
+    """One job's ok rows, a layout each (tp × pp × micro-batch)."""
+    layouts = [(tp, pp, mb) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8) for mb in (1, 2, 4, 8)]
+    return pd.DataFrame([run(JOB_13B, tp, pp, "ok", m, p, True, mb=mb) for (tp, pp, mb), m, p
+                         in zip(layouts, measured, predicted, strict=False)])
+
+
+def test_spearman_change_of_a_model_against_itself_is_exactly_zero() -> None:
+    rows = sweep(np.linspace(0.3, 0.6, 20), np.linspace(0.3, 0.6, 20)[::-1] ** 2)
+    assert spearman_change_interval(rows, rows) == (0.0, 0.0, 0.0)
+
+
+def test_spearman_change_clear_on_many_rows_and_noise_on_few() -> None:
+    rng = np.random.default_rng(1)
+    measured = rng.uniform(0.3, 0.6, 64)
+    good = sweep(measured, measured + rng.normal(0, 0.01, 64))   # ρ near 1
+    poor = sweep(measured, measured + rng.normal(0, 0.15, 64))   # ρ near 0.5
+    change, low, high = spearman_change_interval(poor, good)
+    assert change > 0.3 and 0 < low < change < high
+    # Six rows whose two models differ by one swapped neighbour pair: a change of
+    # 6·2/(6·35) ≈ 0.057 in ρ, which six runs cannot tell from luck.
+    six = np.array([0.30, 0.35, 0.40, 0.45, 0.50, 0.55])
+    swapped = six[[0, 1, 3, 2, 4, 5]]
+    change, low, high = spearman_change_interval(sweep(six, six), sweep(six, swapped))
+    assert change == pytest.approx(-2 / 35)
+    assert low < 0 <= high
+
+
+def test_spearman_change_needs_the_same_rows_of_one_job(runs: pd.DataFrame) -> None:
+    rows = sweep(np.linspace(0.3, 0.6, 8), np.linspace(0.3, 0.6, 8))
+    with pytest.raises(LayoutSearchError, match="same measured rows"):
+        spearman_change_interval(rows, rows.iloc[1:])
+    with pytest.raises(LayoutSearchError, match="of one job"):
+        spearman_change_interval(runs, runs)

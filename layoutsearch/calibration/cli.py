@@ -116,13 +116,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(cv[columns].round(3).to_string(index=False))
         good = int((cv["verdict"] == "at least as good").sum())
         print(f"held-out jobs at least as good as the prior: {good} of {len(cv)}")
+        held_out = {" ".join(str(r[c]) for c in ("model", "seq_length", "num_gpus")): r
+                    for r in cv.to_dict("records")}
+        print("change in rho, held-out fit - prior, with its 95 % paired-bootstrap interval "
+              "over the job's runs (an interval holding 0 is within their noise):")
+        for job, r in held_out.items():
+            print(f"  {job}: {r['spearman_cv'] - r['spearman_prior']:+.3f} "
+                  f"[{r['spearman_change_low']:+.3f}, {r['spearman_change_high']:+.3f}]")
         print(f"leave-one-job-out pooled: {_figures(pooled)}")
         provenance["leave_one_job_out"] = {
-            " ".join(str(getattr(r, c)) for c in ("model", "seq_length", "num_gpus")): {
-                **{f"{c}_{w}": round(float(getattr(r, f"{c}_{w}")), 4)
-                   for c in FIDELITY_COLUMNS for w in ("prior", "cv")},
-                "verdict": str(r.verdict)}
-            for r in cv.itertuples()}
+            job: {**{f"{c}_{w}": round(float(r[f"{c}_{w}"]), 4)
+                     for c in FIDELITY_COLUMNS for w in ("prior", "cv")},
+                  "spearman_change_95": [round(float(r["spearman_change_low"]), 4),
+                                         round(float(r["spearman_change_high"]), 4)],
+                  "verdict": str(r["verdict"])}
+            for job, r in held_out.items()}
         provenance["leave_one_job_out_pooled"] = _figures(pooled)
     for gpu, constants in fitted.items():
         changed = {k: round(v, 6) for k, v in constants.to_dict().items()

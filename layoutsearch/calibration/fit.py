@@ -24,7 +24,7 @@ from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs.analytic import AnalyticCostModel
 from layoutsearch.costs.constants import AnalyticConstants
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.fidelity import GROUP_COLUMNS, fidelity
+from layoutsearch.fidelity import GROUP_COLUMNS, fidelity, spearman_change_interval
 from layoutsearch.rules import violations
 from layoutsearch.specs import ClusterSpec
 
@@ -121,8 +121,9 @@ def cross_validate(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
                    ) -> tuple[pd.DataFrame, dict[str, float]]:
     """Leave one job out: per sweep, `base` vs constants fitted on the other sweeps.
 
-    Returns one row per held-out sweep (`<figure>_prior`, `<figure>_cv`, `verdict`) and
-    the pooled figures of the held-out predictions (each row predicted by the fit that did
+    Returns one row per held-out sweep (`<figure>_prior`, `<figure>_cv`, the 95 % paired
+    bootstrap interval of the change in ρ, `spearman_change_low` and `_high`, and `verdict`)
+    and the pooled figures of the held-out predictions (each row predicted by the fit that did
     not see its sweep): overall fit accuracy and MFU MAPE, min ρ, max regret.
     """
     clusters = dict(clusters or clusters_by_gpu())
@@ -137,15 +138,20 @@ def cross_validate(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
         fitted = fit_constants(rest, base, free, max_evals=max_evals,
                                fit_memory_constants=fit_memory_constants,
                                memory_grid=memory_grid, clusters=clusters)
-        first_before = scored(held, base, clusters)[0].iloc[0]
-        first_after = scored(held, fitted, clusters)[0].iloc[0]
+        predicted_before = predict(held, cost_model=AnalyticCostModel(base), clusters=clusters)
+        predicted_after = predict(held, cost_model=AnalyticCostModel(fitted), clusters=clusters)
+        first_before = fidelity(predicted_before)[0].iloc[0]
+        first_after = fidelity(predicted_after)[0].iloc[0]
         before = {c: float(first_before[c]) for c in FIDELITY_COLUMNS}
         after = {c: float(first_after[c]) for c in FIDELITY_COLUMNS}
-        held_out.append(predict(held, cost_model=AnalyticCostModel(fitted), clusters=clusters))
+        held_out.append(predicted_after)
         record: dict[str, object] = dict(zip(GROUP_COLUMNS, str(key).split("|"), strict=True))
         for column in FIDELITY_COLUMNS:
             record[f"{column}_prior"] = before[column]
             record[f"{column}_cv"] = after[column]
+        # How far the job's own runs let ρ wander: a "worse on spearman" inside it is noise.
+        _, record["spearman_change_low"], record["spearman_change_high"] = (
+            spearman_change_interval(predicted_before, predicted_after))
         good = at_least_as_good(before, after)
         record["verdict"] = ("at least as good" if all(good.values()) else
                              "worse on " + ", ".join(n for n, ok in good.items() if not ok))
