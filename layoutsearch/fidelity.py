@@ -228,35 +228,37 @@ def spearman_change_interval(before: pd.DataFrame, after: pd.DataFrame, *,
     """How much of a change in ρ between two cost models is the luck of which runs were made.
 
     `before` and `after` are one job's rows predicted by two cost models (the same rows).
-    Returns ρ(after) − ρ(before) over the job's `ok` rows (twins collapsed) and its paired
-    bootstrap interval at `level`: the rows are resampled with replacement and both ρ are
-    recomputed on each resample. An interval that holds 0 is a change the job's runs cannot
-    tell from noise: with n rows ρ itself wanders by about (1 − ρ²)/√n.
+    Returns ρ(after) − ρ(before) over the job's `ok` rows that both price (twins collapsed)
+    and its paired bootstrap interval at `level`: the rows are resampled with replacement
+    and both ρ are recomputed on each resample. An interval that holds 0 is a change the
+    job's runs cannot tell from noise: with n rows ρ itself wanders by about (1 − ρ²)/√n.
     """
-    ok_before, ok_after = (_ok_rows_of_one_job(frame) for frame in (before, after))
-    keys = [c for c in (*GROUP_COLUMNS, *LAYOUT_COLUMNS) if c in ok_before.columns]
-    if not ok_before[keys].reset_index(drop=True).equals(ok_after[keys].reset_index(drop=True)):
+    first, second = (_ok_rows_of_one_job(frame) for frame in (before, after))
+    keys = [c for c in (*GROUP_COLUMNS, *LAYOUT_COLUMNS) if c in first.columns]
+    if not first[keys].equals(second[keys]):
         raise LayoutSearchError("spearman_change_interval: `before` and `after` must hold the "
                                 "same measured rows, predicted by two cost models")
-    measured = ok_before["mfu"].to_numpy(float)
-    first = ok_before["predicted_mfu"].to_numpy(float)
-    second = ok_after["predicted_mfu"].to_numpy(float)
-    change = _spearman(pd.Series(second), pd.Series(measured)) - _spearman(
-        pd.Series(first), pd.Series(measured))
+    measured = first["mfu"].to_numpy(float)
+    predicted = np.stack([first["predicted_mfu"].to_numpy(float),
+                          second["predicted_mfu"].to_numpy(float)])
+    priced = np.isfinite(predicted).all(axis=0)
+    measured, predicted = measured[priced], predicted[:, priced]
     if len(measured) < 3:
-        return change, float("nan"), float("nan")
+        return float("nan"), float("nan"), float("nan")
+    # Column 0 is the rows as measured; the others are resamples, drawn with replacement.
     draws = np.random.default_rng(seed).integers(0, len(measured), (len(measured), resamples))
+    draws = np.column_stack([np.arange(len(measured)), draws])
 
-    def rho(predicted: np.ndarray) -> np.ndarray:
+    def rho(values: np.ndarray) -> np.ndarray:
         # One column per resample; ties share their mean rank, as in _spearman.
         with np.errstate(invalid="ignore", divide="ignore"):
-            return _columnwise_correlation(pd.DataFrame(predicted[draws]).rank().to_numpy(),
+            return _columnwise_correlation(pd.DataFrame(values[draws]).rank().to_numpy(),
                                            pd.DataFrame(measured[draws]).rank().to_numpy())
 
-    changes = rho(second) - rho(first)
+    changes = rho(predicted[1]) - rho(predicted[0])
     tail = 100 * (1 - level) / 2
-    low, high = np.nanpercentile(changes, [tail, 100 - tail])
-    return change, float(low), float(high)
+    low, high = np.nanpercentile(changes[1:], [tail, 100 - tail])
+    return float(changes[0]), float(low), float(high)
 
 
 def _ok_rows_of_one_job(predicted: pd.DataFrame) -> pd.DataFrame:
@@ -264,8 +266,7 @@ def _ok_rows_of_one_job(predicted: pd.DataFrame) -> pd.DataFrame:
     if collapsed[list(GROUP_COLUMNS)].drop_duplicates().shape[0] > 1:
         raise LayoutSearchError("spearman_change_interval: the rows must be of one job "
                                 f"(one {', '.join(GROUP_COLUMNS)})")
-    ok = collapsed[collapsed["status"] == "ok"]
-    return ok[np.isfinite(ok["predicted_mfu"].astype(float))].reset_index(drop=True)
+    return collapsed[collapsed["status"] == "ok"].reset_index(drop=True)
 
 
 def _columnwise_correlation(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -283,3 +283,18 @@ def test_spearman_change_needs_the_same_rows_of_one_job(runs: pd.DataFrame) -> N
         spearman_change_interval(rows, rows.iloc[1:])
     with pytest.raises(LayoutSearchError, match="of one job"):
         spearman_change_interval(runs, runs)
+
+
+def test_spearman_change_leaves_out_a_row_one_model_does_not_price() -> None:
+    measured = np.array([0.30, 0.35, 0.40, 0.45, 0.50])
+    reversed_first = np.array([0.50, 0.35, 0.40, 0.45, 0.30])  # swaps the ends
+    unpriced_first = np.array([np.nan, 0.35, 0.40, 0.45, 0.30])
+    # Five rows, ends swapped: d² = 16 + 16, ρ = 1 − 6·32/(5·24) = −0.6; the second model is exact.
+    change, _, _ = spearman_change_interval(sweep(measured, reversed_first),
+                                            sweep(measured, measured))
+    assert change == pytest.approx(1.0 - (-0.6))
+    # The four rows both price: predicted ranks 2, 3, 4, 1 against 1, 2, 3, 4, d² = 1+1+1+9,
+    # ρ = 1 − 6·12/(4·15) = −0.2 (the first model, exact there, has ρ = 1).
+    change, _, _ = spearman_change_interval(sweep(measured, measured),
+                                            sweep(measured, unpriced_first))
+    assert change == pytest.approx(-0.2 - 1.0)

@@ -303,8 +303,9 @@ def test_the_command_line_runs_an_optuna_search_over_replayed_runs(
          "search_spaces.tp=[1,2]", f"hydra.run.dir={tmp_path / 'run'}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
     )
-    assert done.returncode == 0, done.stderr
     ranked = pd.read_csv(tmp_path / "run" / "ranked.csv")
+    # Status 3 when none of the 4 sampled layouts is the one measured row: nothing known to fit.
+    assert done.returncode == (0 if ranked["fits"].any() else 3), done.stderr
     assert len(ranked) == 4 and ranked["trial"].is_unique
     assert {*LAYOUT_COLUMNS, *PREDICTION_COLUMNS[:-1], "reason"} <= set(ranked.columns)
     unmeasured = ranked[ranked["mfu"].isna()]
