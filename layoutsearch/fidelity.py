@@ -249,11 +249,13 @@ def spearman_change_interval(before: pd.DataFrame, after: pd.DataFrame, *,
     draws = np.random.default_rng(seed).integers(0, len(measured), (len(measured), resamples))
     draws = np.column_stack([np.arange(len(measured)), draws])
 
+    # One column per resample; ties share their mean rank, as in _spearman.
+    measured_ranks = pd.DataFrame(measured[draws]).rank().to_numpy()
+
     def rho(values: np.ndarray) -> np.ndarray:
-        # One column per resample; ties share their mean rank, as in _spearman.
         with np.errstate(invalid="ignore", divide="ignore"):
             return _columnwise_correlation(pd.DataFrame(values[draws]).rank().to_numpy(),
-                                           pd.DataFrame(measured[draws]).rank().to_numpy())
+                                           measured_ranks)
 
     changes = rho(predicted[1]) - rho(predicted[0])
     tail = 100 * (1 - level) / 2
