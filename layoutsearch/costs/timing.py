@@ -161,10 +161,12 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     # Pipeline: activations cross each stage boundary forward and their gradients backward;
     # neighbouring stages sit tp·cp·dp ranks apart, on another node beyond gpus_per_node.
     # Each TP rank sends its 1/tp slice (Megatron's scatter-gather, or the SP shard) over
-    # its own link: a pair of ranks tp·cp·dp apart.
+    # its own link: a pair of ranks tp·cp·dp apart. With vp interleaved chunks every stage
+    # sends and receives once per chunk: vp times the traffic (Narayanan et al. 2021, §2.2:
+    # "the amount of communication also increases by v").
     p2p_bytes = 2.0 * T * h / t
     pair = _bus_bandwidth(sh, k, np.full_like(t, 2.0), t * sh.cp * sh.dp)
-    pp_comm_mb = np.where(sh.pp > 1, 2 * p2p_bytes / pair, 0.0)
+    pp_comm_mb = np.where(sh.pp > 1, sh.vp * 2 * p2p_bytes / pair, 0.0)
 
     # The slowest stage paces the pipeline: the first, a middle or the last stage (with the
     # output layer and loss), their layers split as layoutsearch.pipeline says. The

@@ -30,6 +30,13 @@ def test_bubble_is_pp_minus_one_over_vp_m(pp: int, vp: int) -> None:
     assert row["time_bubble_s"] / steady == pytest.approx((pp - 1) / (vp * m), rel=1e-3)
 
 
+def test_interleaving_sends_once_per_chunk() -> None:
+    # Each of the vp chunks on a stage receives and sends every micro-batch: 4 chunks move 4x
+    # the point-to-point bytes of one (Narayanan et al. 2021, section 2.2).
+    rows = score(**EVEN, pp=4, vp=[1, 4]).set_index("vp")
+    assert rows.loc[4, "time_pp_comm_s"] == pytest.approx(4 * rows.loc[1, "time_pp_comm_s"])
+
+
 def test_mfu_is_the_study_formula_from_step_time() -> None:
     # MFU = tokens/s · (6N + 12·L·h·s) / (GPUs · 312 TFLOP/s), N of LLaMA 13B with 32k vocab.
     row = score().iloc[0]
