@@ -183,14 +183,20 @@ def read_table(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise LayoutSearchError(f"measurement file {str(path)!r} does not exist")
-    if path.suffix.lower() in (".parquet", ".pq"):
-        return pd.read_parquet(path)
+    parquet = path.suffix.lower() in (".parquet", ".pq")
     try:
-        return pd.read_csv(path)
+        return pd.read_parquet(path) if parquet else pd.read_csv(path)
     except pd.errors.EmptyDataError:
         raise LayoutSearchError(
             f"measurement file {str(path)!r} is empty: it needs a header line with the "
             "columns of docs/measurements.md"
+        ) from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError, OSError) as error:
+        # pyarrow's ArrowInvalid is a ValueError; a truncated Parquet file is an OSError.
+        kind = "Parquet" if parquet else "CSV"
+        raise LayoutSearchError(
+            f"measurement file {str(path)!r} cannot be read as {kind} "
+            f"({type(error).__name__}: {error})"
         ) from None
 
 

@@ -108,6 +108,24 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
             ('num_attention_heads', 'tp'),
         ),
         Rule(
+            # ColumnParallelLinear splits FC1's output over TP ranks: divide() asserts it.
+            "ffn_per_tp",
+            lambda t: (t["ffn_hidden_size"] % t["tp"] != 0).to_numpy(),
+            lambda t: "ffn_hidden_size (" + _text(t["ffn_hidden_size"])
+            + ") must divide by tp (" + _text(t["tp"]) + ")",
+            ('ffn_hidden_size', 'tp'),
+        ),
+        Rule(
+            # Sequence parallelism splits each CP rank's sequence chunk over the TP ranks;
+            # scatter_to_sequence_parallel_region asserts the first dimension divides by tp.
+            "sequence_parallel_split",
+            lambda t: (t["sequence_parallel"] & (t["tp"] > 1)
+                       & ((t["seq_length"] // t["cp"]) % t["tp"] != 0)).to_numpy(),
+            lambda t: "sequence parallelism needs seq_length/cp ("
+            + _text(t["seq_length"] // t["cp"]) + ") to divide by tp (" + _text(t["tp"]) + ")",
+            ('seq_length', 'cp', 'tp'),
+        ),
+        Rule(
             "query_groups_per_tp",
             lambda t: ((t["num_attention_heads"] % t["tp"] == 0)
                        & (t["num_query_groups"] % t["tp"] != 0)).to_numpy(),

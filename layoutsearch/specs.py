@@ -271,6 +271,18 @@ class Job:
                 f"{per_node} GPUs (cluster.gpus_per_node); try {nodes * per_node} or "
                 f"{(nodes + 1) * per_node}"
             )
+        # A learned position table has max_position_embeddings rows: longer sequences have no
+        # position to look up (Megatron-LM's validate_args asserts max_position_embeddings >=
+        # seq_length). Rotary embeddings have no table, so any length runs.
+        m = self.model
+        if m.position_embedding_type == "learned_absolute" and (
+                self.seq_length > m.max_position_embeddings):
+            raise LayoutSearchError(
+                f"job.seq_length={self.seq_length}: exceeds model.max_position_embeddings="
+                f"{m.max_position_embeddings}, the rows of {m.name}'s learned position table; "
+                f"use seq_length <= {m.max_position_embeddings} or raise "
+                "model.max_position_embeddings"
+            )
 
     @property
     def tokens_per_step(self) -> int:

@@ -123,6 +123,29 @@ def test_an_empty_file_says_what_it_needs(tmp_path: Path) -> None:
         read_measurements(path)
 
 
+def test_a_parquet_file_reads_like_its_csv(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    path = tmp_path / "runs.parquet"
+    pd.DataFrame(three_rows(measurement_row)).to_parquet(path)
+    pd.testing.assert_frame_equal(read_measurements(path),
+                                  read_measurements(write(tmp_path, three_rows(measurement_row))))
+
+
+@pytest.mark.parametrize(("name", "content", "kind"), [
+    ("runs.csv", b'model,tp\n"llama_13b,1\n', "CSV"),  # a quote never closed
+    ("runs.csv", b"model,tp\n\xff\xfe,1\n", "CSV"),  # not UTF-8
+    ("runs.parquet", b"model,tp\nllama_13b,1\n", "Parquet"),  # a CSV named .parquet
+])
+def test_an_unreadable_file_is_named_with_its_format(
+    tmp_path: Path, name: str, content: bytes, kind: str
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(LayoutSearchError, match=rf"{name}' cannot be read as {kind} \("):
+        read_measurements(path)
+
+
 def test_ok_run_needs_a_step_time(measurement_row: dict[str, Any]) -> None:
     frame = pd.DataFrame([{**measurement_row, "step_time_s": None}])
     with pytest.raises(LayoutSearchError, match=r"my runs: row 2, column 'step_time_s': an "

@@ -148,6 +148,20 @@ def test_job_needs_whole_nodes() -> None:
         global_batch_size=64)
 
 
+def test_learned_positions_bound_the_sequence_length() -> None:
+    learned = _tiny(position_embedding_type="learned_absolute", max_position_embeddings=1024)
+    rule = (r"job\.seq_length=2048: exceeds model\.max_position_embeddings=1024.*"
+            r"use seq_length <= 1024")
+    with pytest.raises(LayoutSearchError, match=rule):
+        Job(model=learned, cluster=load_cluster("a100_80gb"), num_gpus=8, seq_length=2048,
+            global_batch_size=64)
+    Job(model=learned, cluster=load_cluster("a100_80gb"), num_gpus=8, seq_length=1024,
+        global_batch_size=64)
+    # Rotary embeddings have no table: the field does not bound them.
+    Job(model=_tiny(max_position_embeddings=1024), cluster=load_cluster("a100_80gb"),
+        num_gpus=8, seq_length=4096, global_batch_size=64)
+
+
 def test_unset_command_fields_stay_out_of_the_job_columns() -> None:
     # A candidate table (and an optuna study's fingerprint) of a model without RoPE scaling
     # has no rope_scaling_factor column; Llama 3.1 405B's has its factor.
