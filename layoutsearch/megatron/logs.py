@@ -41,6 +41,7 @@ COLLECTIVE_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout")
 bogus out-of-memory ("Tried to allocate more than 1EB") as a side effect; that is no OOM."""
 KERNEL_REFUSED = re.compile(
     r"No dot product attention support for the provided inputs|"
+    r"No dot product attention backend is available for the provided inputs|"
     r"FlashAttention (?:forward |backward )?only supports head dimension at most|"
     r"head_size should be a multiple of 8|Head size must be a multiple of 8|"
     r"FlashAttention only supports Ampere GPUs or newer"
@@ -120,13 +121,15 @@ def parse_log(text: str, *, warmup_iters: int = 3, returncode: int | None = 0,
     memory = [float(m["max_allocated"]) for m in map(MEMORY.search, lines) if m]
     peak = max(memory) / 1024.0 if memory else float("nan")
     found = len(iterations)
-    oom_at = _first(lines, OOM)
+    failed = returncode not in (0, None) or not iterations
+    # An out-of-memory line counts only in a run that did not finish: NCCL warns "Cuda
+    # failure 'out of memory'" and carries on, and a run that exits 0 trained.
+    oom_at = _first(lines, OOM) if failed or timed_out else None
     hung_at = _first(lines, COLLECTIVE_TIMEOUT)
     if oom_at is not None and (hung_at is None or oom_at < hung_at):
         line = lines[oom_at].strip()
         return LogResult(status="oom", peak_memory_gib=peak, iterations=found,
                          message=line[:300], excerpt=_excerpt(lines, oom_at))
-    failed = returncode not in (0, None) or not iterations
     refused_at = _first(lines, KERNEL_REFUSED)
     if failed and refused_at is not None:
         line = lines[refused_at].strip()

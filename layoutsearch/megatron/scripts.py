@@ -21,6 +21,7 @@ from layoutsearch.megatron.args import MegatronCommand
 from layoutsearch.megatron.settings import MegatronSettings
 from layoutsearch.megatron.slurm_options import (
     sbatch_options,
+    sbatch_quote,
     sbatch_seconds,
     script_lines,
     whole_minutes,
@@ -108,7 +109,8 @@ def _directive(name: str, setting: str, value: Any) -> list[str]:
         return [f"#SBATCH --{name}"]
     if value is False:
         return []
-    return [f"#SBATCH --{name}={shlex.quote(str(value))}"]  # checked: a string or a number
+    return [f"#SBATCH --{name}={sbatch_quote(str(value))}"]  # checked: one line of text
+
 
 
 def _time_warning(setting: str, value: Any, limit_s: float | None,
@@ -154,6 +156,10 @@ def sbatch_script(command: MegatronCommand, settings: MegatronSettings, label: s
         "nodes": ("nodes", str(command.nodes)),
         "ntasks-per-node": ("ntasks_per_node", "1"),
         "gpus-per-node": ("gpus_per_node", str(command.nproc_per_node)),
+        # The node's CPUs and memory too (Slurm's default is one CPU per task, to be shared
+        # by torchrun's ranks), and no neighbour to slow the step time being measured.
+        # slurm_exclusive=false leaves it out.
+        "exclusive": ("slurm_exclusive", True),
         "time": (time_setting, time_value),  # the user's own, when `user` has one
         **user,
     }

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
-from layoutsearch.megatron.slurm_options import check_slurm_settings
+from layoutsearch.megatron.slurm_options import check_slurm_settings, check_submitit_values
 from layoutsearch.paths import config_dir
 from layoutsearch.space import KNOBS
 
@@ -92,6 +92,8 @@ class MegatronSettings:
                     f"megatron.env: {name!r} is not an environment variable name (letters, "
                     "digits and _, not starting with a digit); launch scripts export it as is")
         check_slurm_settings(self.slurm)
+        if self.launcher == "slurm":
+            check_submitit_values(self.slurm)
 
     @property
     def script_path(self) -> Path:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -70,12 +71,31 @@ def _check_type(key: str, value: Any) -> None:
         raise LayoutSearchError(f"megatron.slurm.{key}={value!r}: must be {words}")
 
 
+SBATCH_SPECIAL = re.compile(r'[\s"\\#]')
+"""What sbatch's own parser of #SBATCH lines treats specially (src/sbatch/opt.c,
+_get_argument): whitespace ends a value outside double quotes, `\\` escapes, `"` toggles
+quoting and an unescaped `#` starts a comment even inside quotes. It is no shell: a single
+quote is a literal character."""
+
+
+def sbatch_quote(text: str) -> str:
+    """A value as sbatch reads it back: bare when plain, else double-quoted with `\\`, `"`
+    and `#` escaped."""
+    if not SBATCH_SPECIAL.search(text):
+        return text
+    return '"' + re.sub(r'(["\\#])', r"\\\1", text) + '"'
+
+
 def _check_option_value(shown: str, value: Any) -> None:
     # One sbatch option: a string, a number, or a boolean (a bare flag / left out).
     if not isinstance(value, str | int | float):  # bool is an int
         raise LayoutSearchError(
             f"megatron.slurm.{shown}={value!r}: an sbatch option takes a string, a number or a "
             "boolean (a bare flag); only slurm_additional_parameters may be a mapping")
+    if isinstance(value, str) and ("\n" in value or "\r" in value):
+        raise LayoutSearchError(
+            f"megatron.slurm.{shown}={value!r}: an sbatch option is one line of the script; "
+            "remove the line break")
     if _bare(shown.rpartition(".")[2]) == "time" and value is not False:
         sbatch_seconds(shown, value)  # refuses what is not an sbatch time
 
@@ -175,6 +195,28 @@ def sbatch_seconds(setting: str, value: Any) -> float | None:
     return seconds or None  # 0 asks Slurm for no limit
 
 
+def check_submitit_values(slurm: Mapping[str, Any]) -> None:
+    """Refuse sbatch values that submitit would garble, naming the setting.
+
+    submitit writes `#SBATCH --name=<shlex.quote(value)>`, but sbatch's reader is no shell: it
+    keeps the single quotes in the value. Only values shlex leaves bare arrive intact.
+    """
+    for key, value in slurm.items():
+        bare = _bare(str(key))
+        if bare in SUBMITIT_ONLY or bare in SCRIPT_LINES:
+            continue
+        values = (value.items() if bare == "additional_parameters"
+                  else [(None, value)])
+        for inner, option in values:
+            if isinstance(option, str) and shlex.quote(option) != option:
+                shown = key if inner is None else f"{key}.{inner}"
+                raise LayoutSearchError(
+                    f"megatron.slurm.{shown}={option!r}: submitit would write it in single "
+                    "quotes, which sbatch keeps as part of the value; use launcher=dry_run to "
+                    "write sbatch scripts (quoted for sbatch) and submit them, or a value of "
+                    "letters, digits and @%+=:,./-_ only")
+
+
 def submitit_parameters(slurm: Mapping[str, Any], *, nodes: int, gpus_per_node: int,
                         time_limit_s: float, name: str) -> dict[str, Any]:
     """AutoExecutor.update_parameters keywords: the job's shape and time, then the user's.
@@ -182,6 +224,7 @@ def submitit_parameters(slurm: Mapping[str, Any], *, nodes: int, gpus_per_node: 
     A time or name the user set wins (as in the sbatch scripts); the time limit is rounded
     up to whole minutes, so that the run is never cut shorter than `time_limit_s`.
     """
+    check_submitit_values(slurm)
     user: dict[str, Any] = {}
     for key, value in slurm.items():
         key = str(key)
@@ -190,7 +233,9 @@ def submitit_parameters(slurm: Mapping[str, Any], *, nodes: int, gpus_per_node: 
         if _bare(key) == "additional_parameters":
             value = {k: v for k, v in value.items() if v is not None and v is not False}
         user[key] = value
+    # Whole nodes, as the sbatch scripts ask (scripts.py), unless the user said false.
+    exclusive = {} if slurm.get("slurm_exclusive") is False else {"slurm_exclusive": True}
     return {
-        "nodes": nodes, "tasks_per_node": 1, "gpus_per_node": gpus_per_node,
+        "nodes": nodes, "tasks_per_node": 1, "gpus_per_node": gpus_per_node, **exclusive,
         "timeout_min": whole_minutes(time_limit_s), "name": name, **user,
     }

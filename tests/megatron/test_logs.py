@@ -139,6 +139,14 @@ def test_out_of_memory_from_transformer_engine_nccl_and_cublas(text, line):
     assert result.status == "oom" and line in result.message
 
 
+def test_an_out_of_memory_warning_in_a_run_that_trained_is_no_oom():
+    # NCCL warns of a failed allocation and retries; the run went on and exited 0.
+    text = CURRENT + "node1:1:2 [0] NCCL WARN Cuda failure 'out of memory'\n"
+    assert parse_log(text, returncode=0, warmup_iters=3).status == "ok"
+    # The same line in a run that hung until the time limit is its cause.
+    assert parse_log(text, returncode=None, timed_out=True).status == "oom"
+
+
 def test_a_collective_timeout_names_the_watchdog_line_not_a_stack_frame():
     result = parse_log(WATCHDOG, returncode=1)
     assert result.status == "error"
@@ -159,6 +167,9 @@ def test_a_rank_killed_by_a_signal_is_named_by_it():
 
 @pytest.mark.parametrize("line", [
     "[rank0]: ValueError: No dot product attention support for the provided inputs!",
+    "[rank0]: ValueError: No dot product attention backend is available for the provided "
+    "inputs. Please run with NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2 to find out the reasons for "
+    "disabling all backends.",
     "[rank0]: RuntimeError: FlashAttention forward only supports head dimension at most 256",
     "RuntimeError: FlashAttention only supports Ampere GPUs or newer.",
 ])

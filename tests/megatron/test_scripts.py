@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import ClassVar
@@ -80,13 +81,58 @@ def test_sbatch_boolean_slurm_settings_are_bare_flags_or_left_out():
     assert not any("partition" in line for line in lines)  # None: unset, as in submitit
 
 
+def test_trials_own_their_nodes_unless_told_otherwise():
+    from layoutsearch.megatron.slurm_options import submitit_parameters
+    assert "#SBATCH --exclusive" in _sbatch()
+    assert not any("exclusive" in line for line in _sbatch({"slurm_exclusive": False}))
+    shape = dict(nodes=2, gpus_per_node=8, time_limit_s=60.0, name="t")
+    assert submitit_parameters({}, **shape)["slurm_exclusive"] is True
+    assert "slurm_exclusive" not in submitit_parameters({"slurm_exclusive": False}, **shape)
+
+
 def test_sbatch_spreads_submitit_additional_parameters_one_line_each():
     lines = _sbatch({"slurm_additional_parameters": {
         "mail_type": "END", "reservation": "my res", "overcommit": True, "requeue": False}})
     directives = [line for line in lines if line.startswith("#SBATCH")]
-    assert directives[-3:] == ["#SBATCH --mail-type=END", "#SBATCH --reservation='my res'",
+    assert directives[-3:] == ["#SBATCH --mail-type=END", '#SBATCH --reservation="my res"',
                                "#SBATCH --overcommit"]
     assert not any("additional" in line or "requeue" in line for line in lines)
+
+
+def _sbatch_reads(line: str) -> str:
+    """The value sbatch takes from `#SBATCH --name=value`: its _get_argument (src/sbatch/
+    opt.c) as written there: a backslash escapes the next character, a double quote toggles
+    whether whitespace ends the value, an unescaped # ends the line."""
+    text, value, escaped, quoted = line.split("=", 1)[1], [], False, False
+    for char in text:
+        if escaped:
+            value.append(char)
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == '"':
+            quoted = not quoted
+        elif char == "#" or (char.isspace() and not quoted):
+            break
+        else:
+            value.append(char)
+    return "".join(value)
+
+
+@pytest.mark.parametrize("value", [
+    "gpu", "node[01-03]", "a100|h100", "run #1", 'say "hi"', "back\\slash", "it's mine",
+    "two  spaces",
+])
+def test_sbatch_reads_back_each_value_as_given(value):
+    lines = _sbatch({"slurm_comment": value})
+    [line] = [line for line in lines if line.startswith("#SBATCH --comment=")]
+    assert _sbatch_reads(line) == value
+
+
+def test_sbatch_refuses_a_value_with_a_line_break():
+    with pytest.raises(LayoutSearchError, match=r"slurm_comment='a\\nb': an sbatch option is "
+                                                r"one line"):
+        _sbatch({"slurm_comment": "a\nb"})
 
 
 @pytest.mark.parametrize(("slurm", "named"), [
@@ -354,6 +400,17 @@ def test_ctrl_c_while_waiting_cancels_the_slurm_job(tmp_path):
     assert job.cancelled
 
 
+@pytest.mark.parametrize(("slurm", "named"), [
+    ({"slurm_exclude": "node[01-03]"}, "megatron.slurm.slurm_exclude='node[01-03]'"),
+    ({"slurm_additional_parameters": {"reservation": "my res"}},
+     "megatron.slurm.slurm_additional_parameters.reservation='my res'"),
+])
+def test_submitit_refuses_values_it_would_quote_for_a_shell(slurm, named):
+    with pytest.raises(LayoutSearchError, match=re.escape(named) + ": submitit would write"):
+        MegatronSettings(launcher="slurm", slurm=slurm)
+    MegatronSettings(launcher="dry_run", slurm=slurm)  # the scripts quote it for sbatch
+
+
 def test_slurm_parameters_are_submitits_and_agree_with_the_sbatch_script(tmp_path, monkeypatch):
     submitit = pytest.importorskip("submitit")
     from submitit.slurm.slurm import SlurmExecutor
@@ -364,7 +421,7 @@ def test_slurm_parameters_are_submitits_and_agree_with_the_sbatch_script(tmp_pat
     slurm = {"name": "probe", "timeout_min": 90, "mem_gb": 1.5, "cpus_per_task": 12,
              "slurm_partition": "gpu", "slurm_exclusive": True, "slurm_signal_delay_s": 120,
              "slurm_requeue": False, "slurm_qos": "high", "slurm_setup": ["module load cuda"],
-             "slurm_additional_parameters": {"reservation": "my res", "qos": "low",
+             "slurm_additional_parameters": {"reservation": "my_res", "qos": "low",
                                              "comment": None}}
     settings = MegatronSettings(launcher="slurm", slurm=slurm)
     executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm")
