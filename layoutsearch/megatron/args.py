@@ -221,6 +221,12 @@ def build_command(layout: Layout, job: Job,
             f"{layout.pp * layout.vp}; --num-layers-per-virtual-pipeline-stage cannot say it"
         )
     kernels, env, notes = _kernel_args(layout, model)
+    if layout.attention == "flash2" and job.cluster.gpu.supports_flash3:
+        # One command for both kernels (FLASH_KERNELS): measure it once, as flash3.
+        notes.append(
+            "flash2 on Hopper is the flash3 command: Transformer Engine runs FlashAttention 3 "
+            "wherever flash_attn_interface is installed, and no flag picks version 2"
+        )
     parallel = _parallel_args(layout, model)
     argv = [
         *_model_args(model, job.seq_length),

@@ -278,7 +278,8 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
         (heads % tp != 0, "heads_per_tp",
          f"num_attention_heads ({heads}) must be a multiple of tensor_model_parallel_size ({tp})",
          "error"),
-        # (Megatron-LM before 2024 asked for a multiple; now TP ranks may share a group.)
+        # (Megatron-LM's main branch lets TP ranks share a group; its releases still ask
+        # for a multiple, which layoutsearch's own rule (query_groups_per_tp) keeps.)
         (groups % tp != 0 and tp % groups != 0, "query_groups_per_tp",
          f"num_query_groups ({groups}) must be a multiple or divisor of "
          f"tensor_model_parallel_size ({tp})", "error"),

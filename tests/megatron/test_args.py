@@ -111,6 +111,18 @@ def test_inexpressible_kernels_say_so():
     assert any("rmsnorm_kernel=false" in n for n in plain_norm.notes)
 
 
+def test_flash2_on_hopper_is_the_flash3_command_and_says_so():
+    job = Job(model=load_model("llama_13b"), cluster=load_cluster("h100_sxm"), num_gpus=8,
+              seq_length=2048, global_batch_size=64)
+    flash2, flash3 = (build_command(Layout(dp=8, attention=kernel, rmsnorm_kernel=True), job)
+                      for kernel in ("flash2", "flash3"))
+    assert flash2.argv == flash3.argv and flash3.exact
+    assert not flash2.exact and "flash2 on Hopper is the flash3 command" in flash2.notes[0]
+    # On Ampere, flash2 is the only FlashAttention the backend runs: exact.
+    assert build_command(study_layout(64, 1, 1, attention="flash2"),
+                         study_job("llama_13b", 2048, 64)).exact
+
+
 def test_local_layers_get_a_norm_megatron_can_build():
     job = study_job("llama_13b", 2048, 64)
     local = build_command(study_layout(64, 2, 1, attention="fused", rmsnorm_kernel=False), job)
