@@ -86,12 +86,15 @@ def close_call_note(ranked: pd.DataFrame, *,
     runner_up = others[0]
     trials = min(len(others) + int(launchable(rows[0])), CLOSE_CALL_MAX_TRIALS)
     count = "1 other layout is" if len(others) == 1 else f"{len(others)} other layouts are"
+    # The local launcher runs one node; a job on more needs Slurm.
+    nodes = int(best["num_gpus"]) > int(best["gpus_per_node"])
+    launcher = " cost_models.launcher=slurm" if nodes else ""
     return (f"{count} within {100 * CLOSE_CALL_GAP:.0f} % of the best's predicted MFU (the "
             f"next: {Layout.from_row(runner_up).describe()}, MFU {float(runner_up['mfu']):.3f}"
             f"); on the study's runs {100 * CLOSE_CALL_WRONG_ORDER:.0f} % of the layout pairs "
             f"the shipped analytic model predicted this close ran in the other order. Measure "
             f"the top {trials} before committing: cost_models=measured "
-            f"cost_models.prescreen={prescreen()} cost_models.top_k={trials}.")
+            f"cost_models.prescreen={prescreen()} cost_models.top_k={trials}{launcher}.")
 
 
 def counts_line(ranked: pd.DataFrame) -> str:

@@ -141,7 +141,11 @@ def test_close_runners_up_of_the_analytic_model_get_a_note(ranked: pd.DataFrame)
     note = ranked.attrs["close_call_note"]
     assert note.startswith("3 other layouts are within 5 % of the best's predicted MFU (the "
                            "next: tp1 pp2 dp32 mb2 flash2+rmsnorm")
-    assert note.endswith("cost_models.prescreen=analytic cost_models.top_k=4.")
+    # 64 GPUs are 8 nodes: the local launcher runs one, so the command asks for Slurm.
+    assert note.endswith("cost_models.prescreen=analytic cost_models.top_k=4 "
+                         "cost_models.launcher=slurm.")
+    one_node = search(model="llama_7b", num_gpus=8, seq_length=2048, global_batch_size=64)
+    assert one_node.attrs["close_call_note"].endswith("cost_models.top_k=2.")
     pinned = search(**JOB, tp=1, pp=1, micro_batch_size=1, attention="flash2",
                     rmsnorm_kernel=True, recompute="none")
     assert pinned.attrs["close_call_note"] == ""  # one layout left: nothing to call

@@ -135,7 +135,9 @@ class LocalLauncher:
         if self.max_nodes is not None and command.nodes > self.max_nodes:
             return (f"the local launcher runs one node; this job needs {command.num_gpus} "
                     f"GPUs, {command.nodes} nodes of {command.gpus_per_node} (use "
-                    f"launcher=slurm, or a job of at most {command.gpus_per_node} GPUs)")
+                    f"cost_models.launcher=slurm on the command line, launcher: slurm in "
+                    f"cost_models/megatron.yaml, or a job of at most {command.gpus_per_node} "
+                    "GPUs)")
         program = self.settings.launch_prefix()[0]
         if shutil.which(program) is None:
             return (f"the launcher program {program!r} is not found (settings python or "
