@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
@@ -107,11 +108,18 @@ def counts_line(ranked: pd.DataFrame) -> str:
 
 
 def rank(scored: pd.DataFrame) -> pd.DataFrame:
-    """Feasible rows first, each part by MFU (unpriced rows last); a fresh 0..n-1 index."""
+    """Feasible rows first by MFU; then the rest, the nearest to fitting in memory first
+    (largest headroom, i.e. the smallest overshoot), then by MFU (unpriced rows last);
+    a fresh 0..n-1 index."""
+    feasible = scored["fits"].astype(bool)
+    headroom = scored.get("headroom_gib", np.nan)
     order = scored.assign(
-        _feasible=scored["fits"].astype(bool), _mfu=scored["mfu"].fillna(-1.0)
+        _feasible=feasible,
+        _nearest=pd.Series(headroom, index=scored.index).where(~feasible, 0.0).fillna(-np.inf),
+        _mfu=scored["mfu"].fillna(-1.0),
     )
-    order = order.sort_values(["_feasible", "_mfu"], ascending=[False, False], kind="stable")
+    order = order.sort_values(["_feasible", "_nearest", "_mfu"], ascending=[False, False, False],
+                              kind="stable")
     first = [c for c in RESULT_COLUMNS if c in order.columns]
     rest = [c for c in order.columns if c not in first and not c.startswith("_")]
     ranked = order[first + rest].reset_index(drop=True)
@@ -143,6 +151,8 @@ def _rule_summary(reasons: pd.Series, top: int = 3) -> str:
     )
 
 
+LONG_SEQUENCE = 8192
+"""Tokens from which a no-fit message suggests context parallelism (its activations)."""
 SUGGESTED_PAIRS = 12
 """tp×pp pairs named at most when no layout passes the rules."""
 
@@ -179,6 +189,15 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
         fixes.append("allow recompute=full")
     if largest_model_parallel < job.num_gpus:
         fixes.append("allow larger tp·pp")
+    # Activation memory: smaller micro-batches, no s×s scores, split sequences.
+    if int(priced["micro_batch_size"].min()) > 1:
+        fixes.append("allow micro_batch_size=1")
+    if not priced["attention"].astype(str).str.startswith("flash").any():
+        fixes.append("allow FlashAttention (attention=flash2)")
+    if not priced["sequence_parallel"].astype(bool).any():
+        fixes.append("enable sequence_parallel (with tp > 1)")
+    if int(priced["cp"].max()) == 1 and job.seq_length >= LONG_SEQUENCE:
+        fixes.append("allow context parallelism (cp > 1)")
     return (
         f"no layout fits: the smallest per-GPU footprint is "
         f"{smallest['peak_memory_gib']:.1f} GiB > {limit:.1f} GiB at tp·pp·cp ≤ "

@@ -245,3 +245,6 @@ def test_a_sweep_with_a_job_that_fits_nowhere_exits_0(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     table = pd.read_csv(tmp_path / "sweep" / "multirun.csv")
     assert sorted(table["feasible"] > 0) == [False, True]
+    # The summary says why the 8-GPU job fits nowhere, as its own run would.
+    summary = (tmp_path / "sweep" / "multirun.md").read_text()
+    assert "no layout fits: the smallest per-GPU footprint is" in summary

@@ -31,7 +31,7 @@ def scored(rows: list[dict[str, Any]]) -> pd.DataFrame:
         prices = {"mfu": np.nan, "step_time_s": np.nan, "tokens_per_s": np.nan,
                   "peak_memory_gib": np.nan, "fits": False, "reason": ""}
         prices.update({k: v for k, v in row.items() if k not in knobs})
-        records.append({"extra": "kept", **prices, **Layout(**knobs).to_dict()})
+        records.append({**JOB.columns(), **prices, **Layout(**knobs).to_dict(), "extra": "kept"})
     return pd.DataFrame(records)
 
 
@@ -51,6 +51,16 @@ def test_rank_puts_feasible_rows_first_by_mfu() -> None:
     assert ranked.columns[-1] == "extra"
     assert list(ranked.index) == [0, 1, 2, 3, 4]
     assert not any(c.startswith("_") for c in ranked.columns)
+
+
+def test_rows_that_do_not_fit_come_nearest_first() -> None:
+    table = scored([
+        {"tp": 1, "mfu": 0.70, "peak_memory_gib": 843.0, "headroom_gib": -763.0},
+        {"tp": 2, "mfu": 0.50, "peak_memory_gib": 124.0, "headroom_gib": -44.0},
+        {"tp": 4, "reason": "num_attention_heads (40) must divide by tp (3)"},  # unpriced
+        {"tp": 8, "mfu": 0.60, "peak_memory_gib": 300.0, "headroom_gib": -220.0},
+    ])
+    assert rank(table)["tp"].tolist() == [2, 8, 1, 4]
 
 
 def test_no_message_when_something_fits() -> None:
@@ -95,7 +105,22 @@ def test_memory_message_names_the_smallest_footprint_and_untried_fixes() -> None
                               "80.0 GiB at tp·pp·cp ≤ 8 (tp=4 pp=2 mb=1 recompute=none)")
     assert message.endswith("use more GPUs or GPUs with more memory, or enable "
                             "distributed_optimizer, or allow recompute=full, or allow larger "
-                            "tp·pp")
+                            "tp·pp, or enable sequence_parallel (with tp > 1)")
+
+
+def test_memory_message_suggests_the_activation_fixes_not_tried() -> None:
+    long_job = Job(model=load_model("llama_13b"), cluster=load_cluster("a100_80gb"),
+                   num_gpus=64, seq_length=32768, global_batch_size=128)
+    table = scored([
+        {"tp": 8, "pp": 8, "micro_batch_size": 2, "attention": "torch", "recompute": "full",
+         "sequence_parallel": True, "mfu": 0.3, "peak_memory_gib": 95.0},
+    ])
+    message = no_fit_message(table, long_job)
+    assert message is not None
+    assert message.endswith("; use more GPUs or GPUs with more memory, or allow "
+                            "micro_batch_size=1, or allow "
+                            "FlashAttention (attention=flash2), or allow context parallelism "
+                            "(cp > 1)")
 
 
 def test_memory_message_does_not_suggest_what_was_tried() -> None:
@@ -106,7 +131,8 @@ def test_memory_message_does_not_suggest_what_was_tried() -> None:
     ])
     message = no_fit_message(table, JOB)
     assert message is not None
-    assert message.endswith("; use more GPUs or GPUs with more memory")
+    assert message.endswith("; use more GPUs or GPUs with more memory, or enable "
+                            "sequence_parallel (with tp > 1)")
 
 
 def test_a_tight_best_layout_names_the_best_one_with_room() -> None:
@@ -140,14 +166,15 @@ def test_runners_up_within_5_percent_are_a_close_call() -> None:
     assert note.startswith("1 other layout is within 5 % of the best's predicted MFU (the "
                            "next: tp2 pp1 dp1 mb1 flash2 recompute=none, MFU 0.585)")
     assert note.endswith("Measure the top 2 before committing: cost_models=measured "
-                         "cost_models.prescreen=analytic cost_models.top_k=2.")
+                         "cost_models.prescreen=analytic cost_models.top_k=2 "
+                         "cost_models.launcher=slurm.")
 
 
 def test_a_close_call_suggests_at_most_eight_trials() -> None:
     ranked = rank(scored([{"tp": 1, "mfu": 0.6 - 0.001 * i, "fits": True}
                           for i in range(12)]))
     assert close_call_note(ranked).startswith("11 other layouts are within 5 %")
-    assert close_call_note(ranked).endswith("cost_models.top_k=8.")
+    assert close_call_note(ranked).endswith("cost_models.top_k=8 cost_models.launcher=slurm.")
 
 
 def test_no_close_call_note_with_a_clear_winner_or_nothing_fitting() -> None:

@@ -35,6 +35,8 @@ NOTES_FILE = "notes.yaml"
 """The search's notes on its answer, which `ranked.csv` cannot carry, beside it (cli.py)."""
 NOTE_TAGS = {"headroom_note": "tight memory", "close_call_note": "close call"}
 """`ranked.attrs` notes a job records, with the tag the sweep table shows for each."""
+NO_FIT_NOTE = "message"
+"""`ranked.attrs` entry that says why nothing fits and what to change (api.search)."""
 
 
 def forget_job_outputs(job_dir: Path) -> None:
@@ -46,7 +48,8 @@ def forget_job_outputs(job_dir: Path) -> None:
 
 def write_notes(ranked: pd.DataFrame, job_dir: Path) -> Path:
     """`notes.yaml`: the ranking's non-empty notes (`ranked.attrs`), by name."""
-    notes = {name: ranked.attrs[name] for name in NOTE_TAGS if ranked.attrs.get(name)}
+    notes = {name: ranked.attrs[name] for name in (*NOTE_TAGS, NO_FIT_NOTE)
+             if ranked.attrs.get(name)}
     path = job_dir / NOTES_FILE
     path.write_text(yaml.safe_dump(notes, sort_keys=False, width=1_000))
     return path
@@ -78,15 +81,24 @@ def collect_sweep(sweep_dir: Path) -> pd.DataFrame:
         row.update({c: best[c] for c in JOB_COLUMNS if c in best.index})
         row["candidates"] = len(ranked)
         row["feasible"] = int(ranked["fits"].astype(bool).sum())
-        row.update({c: best[c] for c in BEST_COLUMNS if c in best.index})
-        row["layout"] = label(best) if bool(best["fits"]) else ""
+        # The first row of a job where nothing fits is no answer: its figures stay out.
+        fits = bool(best["fits"])
+        row.update({c: best[c] for c in BEST_COLUMNS if c in best.index and (fits or c == "fits")})
+        row["layout"] = label(best) if fits else ""
         notes = job_dir / NOTES_FILE
         if notes.is_file():
             recorded = yaml.safe_load(notes.read_text()) or {}
-            row.update({name: recorded[name] for name in NOTE_TAGS if recorded.get(name)})
+            row.update({name: recorded[name] for name in (*NOTE_TAGS, NO_FIT_NOTE)
+                        if recorded.get(name)})
         rows.append(row)
     # A failed job has no sizes: nullable integers keep the others' 8 from becoming 8.0.
     return pd.DataFrame(rows).convert_dtypes()
+
+
+def _nothing_fits(row: pd.Series) -> str:
+    """The job's own message (the smallest footprint and what to change)."""
+    message = row.get(NO_FIT_NOTE)
+    return str(message) if pd.notna(message) else "nothing fits"
 
 
 def _job_key(sweep_dir: Path, output: Path) -> tuple[Any, ...]:
@@ -132,7 +144,7 @@ def write_summary(table: pd.DataFrame, sweep_dir: Path) -> Path:
                 f"[{r['job']}]({r['job']}/{ERROR_FILE if failed else 'report.md'})",
                 r["overrides"] or "(defaults)",
                 f"error: {error}" if failed else
-                r["layout"] if fits else f"nothing fits: {r.get('reason', '')}",
+                r["layout"] if fits else _nothing_fits(r),
                 f"{100 * r['mfu']:.1f}" if fits else "—",
                 f"{r['step_time_s']:.2f}" if fits else "—",
                 f"{r['peak_memory_gib']:.1f}" if fits else "—",

@@ -219,7 +219,7 @@ def test_the_local_launcher_refuses_a_job_beyond_one_node_before_launching(tmp_p
                               prescreen=build_cost_model("analytic"), top_k=2)
     with pytest.raises(layoutsearch.LayoutSearchError,
                        match=r"runs one node; this job needs 64 GPUs, 8 nodes of 8 "
-                             r"\(use launcher=slurm"):
+                             r"\(use cost_models.launcher=slurm on the command line"):
         layoutsearch.search(cost_model=model, **JOB)
     assert launches(tmp_path) == []
 

@@ -38,7 +38,8 @@ def test_report_writes_markdown_and_figures(ranked: pd.DataFrame, tmp_path: Path
     # And two launchable runners-up within 5 % of its predicted MFU (a flash1 one is not:
     # no current Megatron-LM command runs it): a close call, with the way out.
     assert "**A close call.** 2 other layouts are within 5 %" in text
-    assert "cost_models=measured cost_models.prescreen=analytic cost_models.top_k=3." in text
+    assert ("cost_models=measured cost_models.prescreen=analytic cost_models.top_k=3 "
+            "cost_models.launcher=slurm.") in text
 
 
 def test_report_of_a_paper_driver_result(tmp_path: Path) -> None:

@@ -30,15 +30,20 @@ def test_collect_takes_each_jobs_best_row_in_job_order(tmp_path: Path) -> None:
     _job(tmp_path, "10", ["num_gpus=128"], [{**ROW, "num_gpus": 128, "mfu": 0.5},
                                             {**ROW, "mfu": 0.4}])
     _job(tmp_path, "2", ["num_gpus=64"], [ROW])
-    _job(tmp_path, "3", ["num_gpus=8"], [{**ROW, "fits": False, "mfu": None,
-                                          "reason": "needs 120 GiB > 80 GiB"}])
+    _job(tmp_path, "3", ["num_gpus=8"], [{**ROW, "fits": False, "mfu": 0.7,
+                                          "reason": "needs 843 GiB > 80 GiB"}])
+    why = "no layout fits: the smallest per-GPU footprint is 120 GiB > 80 GiB; use more GPUs"
+    (tmp_path / "3" / NOTES_FILE).write_text(yaml.safe_dump({"message": why}))
     table = collect_sweep(tmp_path)
     assert list(table["job"]) == ["2", "3", "10"]  # numeric, not text order
     assert list(table["overrides"]) == ["num_gpus=64", "num_gpus=8", "num_gpus=128"]
     assert table.loc[2, "mfu"] == 0.5 and table.loc[2, "candidates"] == 2
     assert table.loc[0, "layout"] == "tp1 pp2 dp32 mb1 flash2+rmsnorm recompute=none"
+    # A job where nothing fits shows its own message, not its first row's figures.
+    assert pd.isna(table.loc[1, "mfu"]) and pd.isna(table.loc[1, "peak_memory_gib"])
     summary = write_summary(table, tmp_path).read_text()
-    assert "nothing fits: needs 120 GiB > 80 GiB" in summary
+    assert f"| [3](3/report.md) | num_gpus=8 | {why} | — |" in summary
+    assert "843" not in summary
     assert "| [2](2/report.md) | num_gpus=64 | tp1 pp2" in summary
     assert pd.read_csv(tmp_path / "multirun.csv").shape[0] == 3
     assert (tmp_path / "multirun_mfu.png").stat().st_size > 5_000
