@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn, cast
 
 import hydra
+import numpy as np
 import pandas as pd
 import yaml
 from hydra._internal.utils import get_args_parser  # Hydra's own argv parser (stable in 1.3)
@@ -149,6 +150,12 @@ def report(ranked: pd.DataFrame, space: SearchSpace, top_k: int) -> str:
     for prefix, unit, total in (("time", "s", "step_time_s"), ("memory", "gib", "peak_memory_gib")):
         parts = [c for c in ranked.columns if c.startswith(f"{prefix}_") and c.endswith(f"_{unit}")]
         values = best[parts].astype(float).to_numpy()
+        if not parts or np.isnan(values).all() or pd.isna(best[total]):
+            # A replayed or measured row has the measured totals, not their parts.
+            shown = "not measured" if pd.isna(best[total]) else f"{best[total]:.3f}"
+            lines += ["", f"best layout, {prefix} ({total} = {shown}): this cost model gives "
+                          "no breakdown"]
+            continue
         breakdown = pd.DataFrame(
             {unit: values, "share": [f"{v / float(best[total]):.1%}" for v in values]},
             index=[c.removeprefix(f"{prefix}_").removesuffix(f"_{unit}") for c in parts],

@@ -23,12 +23,14 @@ from layoutsearch.cli import (
     GROUP_DIRS,
     check_group_choices,
     group_options,
+    report,
     run,
     settable_spec_fields,
 )
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.results import RESULT_COLUMNS
+from layoutsearch.space import SearchSpace
 
 FAST = "search_spaces.tp=[1,2]"
 
@@ -248,3 +250,19 @@ def test_a_sweep_with_a_job_that_fits_nowhere_exits_0(tmp_path: Path) -> None:
     # The summary says why the 8-GPU job fits nowhere, as its own run would.
     summary = (tmp_path / "sweep" / "multirun.md").read_text()
     assert "no layout fits: the smallest per-GPU footprint is" in summary
+
+
+def test_a_cost_model_without_breakdowns_says_so() -> None:
+    # Replayed and measured rows carry the measured step time and memory, not their parts.
+    ranked = search(model="llama_7b", num_gpus=8, seq_length=2048, global_batch_size=64,
+                    search_space="paper")
+    parts = [c for c in ranked.columns if c.startswith(("time_", "memory_"))]
+    ranked[parts] = np.nan
+    ranked["peak_memory_gib"] = np.nan
+    text = report(ranked, SearchSpace.load("paper"), 3)
+    step = ranked["step_time_s"].iloc[0]
+    assert (f"best layout, time (step_time_s = {step:.3f}): this cost model gives no "
+            "breakdown") in text
+    assert ("best layout, memory (peak_memory_gib = not measured): this cost model gives no "
+            "breakdown") in text
+    assert "Empty DataFrame" not in text
