@@ -188,12 +188,28 @@ def test_cli_settings_out_of_range_exit_2_before_fitting(tmp_path, capsys, optio
 
 
 def test_out_of_memory_rows_alone_fit_memory_and_keep_the_time_constants():
-    runs = synthetic_runs(PRIOR["a100_80gb"])
+    runs = synthetic_runs(PRIOR["a100_80gb"], seq_length=8192)
     only_oom = runs[runs["status"] == "oom"]
-    assert len(only_oom) > 0
+    assert len(only_oom) >= 15  # 3 per memory constant
     with pytest.warns(UserWarning, match="a100_80gb: no row with status ok"):
         fitted = fit_constants(only_oom, PRIOR, max_evals=5, memory_grid=3)
     assert fitted["a100_80gb"].gemm_efficiency == PRIOR["a100_80gb"].gemm_efficiency
+
+
+def test_too_few_rows_for_the_constants_are_refused(tmp_path, capsys):
+    runs = synthetic_runs(PRIOR["a100_80gb"])
+    path = tmp_path / "three.csv"
+    runs[runs["status"] == "ok"].head(2).to_csv(path, index=False)
+    with pytest.raises(SystemExit) as stop:
+        main([str(path), "--out", str(tmp_path / "x.yaml")])
+    assert stop.value.code == 2
+    assert ("a100_80gb: 2 rows with status ok or oom for 5 constants" in capsys.readouterr().err)
+    assert not (tmp_path / "x.yaml").exists()
+    with pytest.raises(LayoutSearchError, match=r"2 rows with status ok for 2 constants "
+                                                r"\(gemm_efficiency, network_efficiency\); "
+                                                r"a fit needs at least 3 per constant \(6\)"):
+        fit_constants(runs[runs["status"] == "ok"].head(2), PRIOR,
+                      ["gemm_efficiency", "network_efficiency"], fit_memory_constants=False)
 
 
 def test_cli_on_one_job_fits_and_says_why_it_skips_cross_validation(tmp_path, capsys):

@@ -78,6 +78,7 @@ def fit_constants(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
             raise LayoutSearchError(f"the base constants have no GPU kind {gpu!r} to start from")
         start = base[gpu]
         if fit_memory_constants:
+            _enough_rows(gpu, "ok or oom", len(group), MEMORY_CONSTANTS, "--keep-memory")
             start = fit_memory(group, start, clusters, grid=memory_grid).constants
         if not (group["status"] == "ok").any():
             # Out-of-memory rows pin the memory constants but say nothing of speed.
@@ -88,8 +89,24 @@ def fit_constants(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
         objective = TimeObjective(group, clusters)
         names = [n for n in free if n not in MEMORY_CONSTANTS] if free is not None else (
             time_free(objective, start, skip=MEMORY_CONSTANTS))
+        _enough_rows(gpu, "ok", int(objective.ok.sum()), names, "--free")
         fitted[gpu] = fit_time(objective, start, names, max_evals=max_evals)
     return fitted
+
+
+MIN_ROWS_PER_CONSTANT = 3
+"""Measured rows a fit needs per constant it sets: fewer, and the constants chase the noise
+of a few runs to their bounds (11 constants on 2 rows fit them to 0.3 % and moved the best
+layout of a 13B job)."""
+
+
+def _enough_rows(gpu: str, kind: str, rows: int, names: Sequence[str], option: str) -> None:
+    needed = MIN_ROWS_PER_CONSTANT * len(names)
+    if rows < needed:
+        raise LayoutSearchError(
+            f"{gpu}: {rows} rows with status {kind} for {len(names)} constants "
+            f"({', '.join(names)}); a fit needs at least {MIN_ROWS_PER_CONSTANT} per constant "
+            f"({needed}): measure more layouts, or fit fewer ({option})")
 
 
 def scored(rows: pd.DataFrame, constants: Mapping[str, AnalyticConstants],
