@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -227,6 +228,19 @@ def test_bad_storage_urls_and_settings_are_named(tmp_path: Path,
         build_driver("optuna", n_trails=5)
     with pytest.raises(LayoutSearchError, match=r"driver\.timeout='10': must be a positive"):
         build_driver("optuna", timeout="10")
+
+
+@pytest.mark.parametrize(("setting", "value", "rule"), [
+    ("seed", 1.5, "must be null or an integer in 0 .. 2**32 - 1"),
+    ("seed", -1, "must be null or an integer in 0 .. 2**32 - 1"),
+    ("n_startup_trials", "x", "must be an integer >= 0"),
+    ("multivariate", "maybe", "must be true or false"),
+    ("progress", "yes", "must be true, false or null"),
+    ("storage", 5, "must be null or a non-empty string"),
+])
+def test_each_optuna_setting_names_its_rule(setting: str, value: object, rule: str) -> None:
+    with pytest.raises(LayoutSearchError, match=re.escape(f"driver.{setting}={value!r}: {rule}")):
+        build_driver("optuna", **{setting: value})
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="needs fork")

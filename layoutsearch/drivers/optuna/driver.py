@@ -114,6 +114,25 @@ class OptunaDriver:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise LayoutSearchError(f"driver.{name}={value!r}: must be a positive integer")
+        # The seed offsets per worker and numpy's RNG wants 0 .. 2**32 - 1.
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(
+                self.seed, int) or not 0 <= self.seed < 2**32):
+            raise LayoutSearchError(
+                f"driver.seed={self.seed!r}: must be null or an integer in 0 .. 2**32 - 1")
+        if isinstance(self.n_startup_trials, bool) or not isinstance(
+                self.n_startup_trials, int) or self.n_startup_trials < 0:
+            raise LayoutSearchError(
+                f"driver.n_startup_trials={self.n_startup_trials!r}: must be an integer >= 0")
+        for name in ("multivariate", "progress"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "progress" and value is None):
+                allowed = "true, false or null" if name == "progress" else "true or false"
+                raise LayoutSearchError(f"driver.{name}={value!r}: must be {allowed}")
+        for name in ("storage", "study_name", "warm_start"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise LayoutSearchError(
+                    f"driver.{name}={value!r}: must be null or a non-empty string")
         if self.n_workers > 1 and not self.storage:
             raise LayoutSearchError(
                 f"driver.n_workers={self.n_workers}: workers share a study through a storage; "
