@@ -150,7 +150,7 @@ def report(ranked: pd.DataFrame, space: SearchSpace, top_k: int) -> str:
     for prefix, unit, total in (("time", "s", "step_time_s"), ("memory", "gib", "peak_memory_gib")):
         parts = [c for c in ranked.columns if c.startswith(f"{prefix}_") and c.endswith(f"_{unit}")]
         values = best[parts].astype(float).to_numpy()
-        if not parts or np.isnan(values).all() or pd.isna(best[total]):
+        if np.isnan(values).all() or pd.isna(best[total]):  # also when there are no parts
             # A replayed or measured row has the measured totals, not their parts.
             shown = "not measured" if pd.isna(best[total]) else f"{best[total]:.3f}"
             lines += ["", f"best layout, {prefix} ({total} = {shown}): this cost model gives "

@@ -112,12 +112,11 @@ def rank(scored: pd.DataFrame) -> pd.DataFrame:
     (largest headroom, i.e. the smallest overshoot), then by MFU (unpriced rows last);
     a fresh 0..n-1 index."""
     feasible = scored["fits"].to_numpy(dtype=bool)
-    headroom = pd.to_numeric(scored.get("headroom_gib", np.nan), errors="coerce")
-    nearest = np.where(feasible, 0.0, np.nan_to_num(
-        np.broadcast_to(np.asarray(headroom, dtype=float), feasible.shape), nan=-np.inf))
+    headroom = pd.to_numeric(scored.get("headroom_gib", pd.Series(np.nan, index=scored.index)),
+                             errors="coerce").to_numpy(dtype=float)
+    nearest = np.where(feasible, 0.0, np.nan_to_num(headroom, nan=-np.inf))
     mfu = np.nan_to_num(scored["mfu"].to_numpy(dtype=float), nan=-1.0)
-    # np.lexsort is stable and sorts by its last key first: ~3x faster than a 3-key
-    # sort_values on a million-row table.
+    # np.lexsort is stable and sorts by its last key first.
     order = scored.iloc[np.lexsort((-mfu, -nearest, ~feasible))]
     first = [c for c in RESULT_COLUMNS if c in order.columns]
     rest = [c for c in order.columns if c not in first]

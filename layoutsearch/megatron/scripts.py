@@ -25,6 +25,7 @@ from layoutsearch.megatron.slurm_options import (
     sbatch_seconds,
     script_lines,
     whole_minutes,
+    with_slurm_defaults,
 )
 
 DEFAULT_TIMEOUT_S = 1800.0
@@ -112,7 +113,6 @@ def _directive(name: str, setting: str, value: Any) -> list[str]:
     return [f"#SBATCH --{name}={sbatch_quote(str(value))}"]  # checked: one line of text
 
 
-
 def _time_warning(setting: str, value: Any, limit_s: float | None,
                   settings: MegatronSettings, step_time_s: float | None) -> list[str]:
     """A comment when a time limit the user set is below the predicted run."""
@@ -149,17 +149,13 @@ def sbatch_script(command: MegatronCommand, settings: MegatronSettings, label: s
     and shorter than the predicted run, gets a warning. The user's `slurm_setup` lines run
     before torchrun, `slurm_teardown` lines after it.
     """
-    user = sbatch_options(settings.slurm)
+    user = sbatch_options(with_slurm_defaults(settings.slurm))
     time_setting, time_value, warning = _time_limit(user, settings, step_time_s)
     options: dict[str, tuple[str, Any]] = {
         "job-name": ("job_name", job_name),
         "nodes": ("nodes", str(command.nodes)),
         "ntasks-per-node": ("ntasks_per_node", "1"),
         "gpus-per-node": ("gpus_per_node", str(command.nproc_per_node)),
-        # The node's CPUs and memory too (Slurm's default is one CPU per task, to be shared
-        # by torchrun's ranks), and no neighbour to slow the step time being measured.
-        # slurm_exclusive=false leaves it out.
-        "exclusive": ("slurm_exclusive", True),
         "time": (time_setting, time_value),  # the user's own, when `user` has one
         **user,
     }

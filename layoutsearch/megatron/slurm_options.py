@@ -217,6 +217,17 @@ def check_submitit_values(slurm: Mapping[str, Any]) -> None:
                     "letters, digits and @%+=:,./-_ only")
 
 
+SLURM_DEFAULTS: dict[str, Any] = {"slurm_exclusive": True}
+"""What a trial asks of Slurm unless the user says otherwise: whole nodes, for their CPUs
+(Slurm's default is one CPU per task, shared by torchrun's ranks) and so that no neighbour
+slows the step time being measured. `slurm_exclusive: false` leaves it out."""
+
+
+def with_slurm_defaults(slurm: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's Slurm settings over SLURM_DEFAULTS: one policy for scripts and submitit."""
+    return {**SLURM_DEFAULTS, **slurm}
+
+
 def submitit_parameters(slurm: Mapping[str, Any], *, nodes: int, gpus_per_node: int,
                         time_limit_s: float, name: str) -> dict[str, Any]:
     """AutoExecutor.update_parameters keywords: the job's shape and time, then the user's.
@@ -226,16 +237,14 @@ def submitit_parameters(slurm: Mapping[str, Any], *, nodes: int, gpus_per_node: 
     """
     check_submitit_values(slurm)
     user: dict[str, Any] = {}
-    for key, value in slurm.items():
+    for key, value in with_slurm_defaults(slurm).items():
         key = str(key)
         if value is None or (value is False and _bare(key) not in SUBMITIT_ONLY):
             continue  # unset; False leaves an sbatch option out (submitit would write =False)
         if _bare(key) == "additional_parameters":
             value = {k: v for k, v in value.items() if v is not None and v is not False}
         user[key] = value
-    # Whole nodes, as the sbatch scripts ask (scripts.py), unless the user said false.
-    exclusive = {} if slurm.get("slurm_exclusive") is False else {"slurm_exclusive": True}
     return {
-        "nodes": nodes, "tasks_per_node": 1, "gpus_per_node": gpus_per_node, **exclusive,
+        "nodes": nodes, "tasks_per_node": 1, "gpus_per_node": gpus_per_node,
         "timeout_min": whole_minutes(time_limit_s), "name": name, **user,
     }
