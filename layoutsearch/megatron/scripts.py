@@ -181,11 +181,21 @@ def sbatch_script(command: MegatronCommand, settings: MegatronSettings, label: s
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         f"MASTER_PORT={settings.master_port}",
         "export MASTER_ADDR MASTER_PORT",
-        *script_lines(settings.slurm, "setup"),
+        *_lenient(script_lines(settings.slurm, "setup")),
         *_then_teardown(f"srun --ntasks-per-node=1 {shlex.join(torchrun)} {rendezvous} {tail}",
-                        script_lines(settings.slurm, "teardown")),
+                        _lenient(script_lines(settings.slurm, "teardown"))),
         "",
     ])
+
+
+def _lenient(lines: list[str]) -> list[str]:
+    """The user's shell lines with unset variables allowed while they run: conda's
+    activation scripts and environment-module files read variables such as PS1 that a batch
+    shell leaves unset, and fail under `set -u` (conda/conda#3200, #8186). A failing line
+    still stops the script (`set -e` stays on)."""
+    if not lines:
+        return []
+    return ["set +u  # the user's lines below may read unset variables", *lines, "set -u"]
 
 
 def _then_teardown(run: str, teardown: list[str]) -> list[str]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
 from pathlib import Path
 from typing import ClassVar
 
@@ -215,13 +217,48 @@ def test_sbatch_takes_submitits_generic_names_and_script_lines():
     assert not any("signal" in line or "timeout-min" in line or "mem-gb" in line
                    for line in lines)
     run = next(i for i, line in enumerate(lines) if line.startswith("srun "))
-    assert lines[run - 3:run] == ["module load cuda/12.4", "source ~/env.sh", "status=0"]
+    assert lines[run - 4:run] == ["module load cuda/12.4", "source ~/env.sh", "set -u",
+                                  "status=0"]
+    assert lines[run - 5].startswith("set +u")
     assert lines[run].endswith("|| status=$?")
-    assert lines[run + 1:run + 3] == ["echo done", 'exit "$status"']
+    assert lines[run + 2:run + 5] == ["echo done", "set -u", 'exit "$status"']
     # A Slurm-specific name wins over the generic one, as in submitit.
     assert "#SBATCH --time=02:00:00" in _sbatch({"slurm_time": "02:00:00", "timeout_min": 90})
     # false: no --time line, the partition's default limit applies.
     assert not any(line.startswith("#SBATCH --time") for line in _sbatch({"slurm_time": False}))
+
+
+def _run_sbatch_script(tmp_path: Path, slurm: dict) -> subprocess.CompletedProcess[str]:
+    """Run a 16-node sbatch script under bash, `scontrol` and `srun` replaced by stubs that
+    print what they were asked (no Slurm here); PS1 unset, as in a batch job's shell."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("scontrol", "echo node001"), ("srun", 'echo "srun ran" "$@"')):
+        stub = bin_dir / name
+        stub.write_text(f"#!/usr/bin/env bash\n{body}\n")
+        stub.chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text("\n".join(_sbatch(slurm)))
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[001-016]",
+           "SLURM_JOB_ID": "42"}
+    return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                          timeout=30, check=False)
+
+
+def test_setup_lines_may_read_unset_variables_as_conda_activate_does(tmp_path):
+    # conda's activate reads PS1, unset in a batch shell; under `set -u` it aborted the job.
+    done = _run_sbatch_script(tmp_path, {"slurm_setup": ['[ -n "$PS1" ] || echo no prompt'],
+                                         "slurm_teardown": ['echo "teardown $UNSET_TOO"']})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "no prompt"
+    assert "srun ran --ntasks-per-node=1" in done.stdout
+    assert done.stdout.splitlines()[-1] == "teardown "
+
+
+def test_a_failing_setup_line_still_stops_the_job(tmp_path):
+    done = _run_sbatch_script(tmp_path, {"slurm_setup": ["false"]})
+    assert done.returncode == 1
+    assert "srun ran" not in done.stdout
 
 
 @pytest.mark.parametrize(("slurm", "named"), [
