@@ -25,6 +25,12 @@ def report(result: pd.DataFrame, out_dir: str | Path | None = None, *,
     `out_dir` defaults to `./layoutsearch-report`; the frame must carry its job in
     `attrs["job"]`, as `search` leaves it.
     """
+    if not isinstance(result, pd.DataFrame):
+        raise LayoutSearchError(
+            f"report(result={result!r:.60}): must be the DataFrame layoutsearch.search "
+            f"returned, not a {type(result).__name__}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise LayoutSearchError(f"report(top_k={top_k!r}): must be an integer >= 1")
     if "job" not in result.attrs:
         raise LayoutSearchError(
             "report(result): result.attrs['job'] is missing; pass the frame layoutsearch.search "

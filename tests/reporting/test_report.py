@@ -55,6 +55,24 @@ def test_report_without_a_job_is_a_user_error(ranked: pd.DataFrame, tmp_path: Pa
         layoutsearch.report(bare, tmp_path)
 
 
+@pytest.mark.parametrize(("arguments", "message"), [
+    ((5,), r"report\(result=5\): must be the DataFrame layoutsearch.search returned, not a int"),
+    (("ranked.csv",), r"report\(result='ranked.csv'\): .* not a str"),
+])
+def test_report_of_something_else_is_a_user_error(arguments, message, tmp_path: Path) -> None:
+    with pytest.raises(LayoutSearchError, match=message):
+        layoutsearch.report(*arguments, tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("top_k", [0, -3, 2.5, True])
+def test_report_top_k_must_be_a_positive_integer(ranked: pd.DataFrame, top_k, tmp_path: Path
+                                                 ) -> None:
+    with pytest.raises(LayoutSearchError, match=rf"report\(top_k={top_k!r}\): must be an "
+                       "integer >= 1"):
+        layoutsearch.report(ranked, tmp_path, top_k=top_k)
+
+
 def test_report_into_a_file_is_a_user_error(ranked: pd.DataFrame, tmp_path: Path) -> None:
     taken = tmp_path / "ranked.csv"
     taken.write_text("kept\n")
