@@ -294,12 +294,15 @@ def settable_spec_fields(argv: Sequence[str]) -> list[str]:
 def check_key(override: Override, known: Mapping[str, list[str]]) -> None:
     """Reject a setting that no config has (`num_gpu=64`, `model.vocab=1`), naming the closest.
 
-    Adding a key (`+model.foo=1`) is left to the config it lands in to judge.
+    Adding a key below a config (`+model.foo=1`) is left to that config to judge; adding
+    one at the top (`+num_gpu=32`) is refused here, as nothing would read it.
     """
     key = override.key_or_group
-    if override.type is not OverrideType.CHANGE or key.split(".")[0] == "hydra":
-        return
     parent, _, name = key.rpartition(".")
+    adds_top_level = override.type in (OverrideType.ADD, OverrideType.FORCE_ADD) and not parent
+    if (override.type is not OverrideType.CHANGE and not adds_top_level) or (
+            key.split(".")[0] == "hydra"):
+        return
     if parent in known and name not in known[parent]:
         where = f"{parent} field" if parent else "setting"
         hint = f"; {DP_IS_DERIVED}" if key == "search_spaces.dp" else ""

@@ -142,6 +142,9 @@ def test_help_lists_exactly_the_config_groups(tmp_path: Path) -> None:
     ("model.vocab=1", "unknown model field 'vocab'; did you mean 'vocab_size'?"),
     ("cluster.gpu.memory=1", "unknown cluster.gpu field 'memory'; did you mean 'memory_gib'?"),
     ("search_spaces.dp=[1]", "dp follows from num_gpus / (tp·pp·cp)"),
+    # Added at the top, a misspelt setting would be read by nothing: 64 GPUs, not 32.
+    ("+num_gpu=32", "unknown setting 'num_gpu'; did you mean 'num_gpus'?"),
+    ("++seq_len=4096", "unknown setting 'seq_len'; did you mean 'seq_length'?"),
 ])
 def test_unknown_settings_name_the_closest_valid_one(override: str, message: str) -> None:
     with pytest.raises(LayoutSearchError, match=re.escape(message)):
