@@ -34,6 +34,18 @@ FlashAttention path, which runs FlashAttention 2, or 3 where `flash_attn_interfa
 installed on Hopper. Which of the two runs is decided by what is installed, not by a flag."""
 
 
+NVTE_ATTENTION = {
+    backend: dict(zip(("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"), values,
+                      strict=True))
+    for backend, values in {"local": "000", "flash": "100", "fused": "010",
+                            "unfused": "001", "auto": "111"}.items()
+}
+"""The Transformer Engine attention switches each --attention-backend sets, and asserts are
+unset or equal beforehand (LanguageModule._set_attention_backend). A command carries the
+ones of its backend, so that a switch the user's shell exports (a Slurm job inherits it)
+cannot stop every trial at that assertion."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MegatronCommand:
     """One trial of Megatron-LM: the training script's argv, its environment, and caveats."""
@@ -171,16 +183,14 @@ def _kernel_args(layout: Layout, model: ModelSpec,
     # LayerNorm" (megatron/core/transformer/torch_norm.py).
     torch_norm_refuses = layout.sequence_parallel and layout.tp > 1
     if flash or layout.rmsnorm_kernel or torch_norm_refuses:
-        argv += ["--transformer-impl", "transformer_engine"]
-        if flash:
-            argv += ["--attention-backend", "flash"]
-        else:
-            # TE's unfused attention materializes the scores and uses TE's port of
-            # Megatron's fused scale-mask-softmax, switched by NVTE_MASKED_SOFTMAX_FUSION.
-            argv += ["--attention-backend", "unfused"]
-            if layout.attention == "torch":
-                env["NVTE_MASKED_SOFTMAX_FUSION"] = "0"
-                argv.append("--no-masked-softmax-fusion")
+        # TE's unfused attention materializes the scores and uses TE's port of Megatron's
+        # fused scale-mask-softmax, switched by NVTE_MASKED_SOFTMAX_FUSION.
+        backend = "flash" if flash else "unfused"
+        argv += ["--transformer-impl", "transformer_engine", "--attention-backend", backend]
+        env.update(NVTE_ATTENTION[backend])
+        if layout.attention == "torch":
+            env["NVTE_MASKED_SOFTMAX_FUSION"] = "0"
+            argv.append("--no-masked-softmax-fusion")
         if layout.attention == "flash1":
             notes.append(
                 "flash1 cannot be selected in current Megatron-LM: Transformer Engine needs "
@@ -198,6 +208,7 @@ def _kernel_args(layout: Layout, model: ModelSpec,
         # and persist_layer_norm = not --no-persist-layer-norm (arguments.py). Apex's fused
         # LayerNorm, where it is used instead, runs without the persistent variant too.
         argv += ["--transformer-impl", "local", "--no-persist-layer-norm"]
+        env.update(NVTE_ATTENTION["auto"])  # no --attention-backend: Megatron's default
         if layout.attention == "torch":
             argv.append("--no-masked-softmax-fusion")
     return argv, env, notes

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
+from layoutsearch.megatron.args import NVTE_ATTENTION
+
 DEPRECATED_FLAGS = {
     # validate_args, "Deprecated arguments": exit() for the first, asserted None for others.
     "--checkpoint-activations": ("error", "exits; use --recompute-granularity"),
@@ -34,14 +36,6 @@ DEPRECATED_FLAGS = {
     # _add_network_size_args: "Deprecated: use --position-embedding-type".
     "--use-rotary-position-embeddings": ("warning", "use --position-embedding-type rope"),
 }
-NVTE_ATTENTION = {
-    backend: dict(zip(("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"), values,
-                      strict=True))
-    for backend, values in {"local": "000", "flash": "100", "fused": "010",
-                            "unfused": "001", "auto": "111"}.items()
-}
-"""The Transformer Engine attention switches each --attention-backend sets, and asserts are
-unset or equal beforehand (LanguageModule._set_attention_backend)."""
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                      "shared_experts")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -167,12 +168,23 @@ def test_measured_model_conforms_and_never_launches_what_megatron_cannot_run(tmp
     assert scored["cost_reason"].iloc[0].startswith("not measured: flash1 cannot be selected")
 
 
-def test_an_attention_switch_inherited_from_the_shell_is_checked_before_launch(
+def test_an_attention_switch_inherited_from_the_shell_cannot_stop_the_run(
         tmp_path, monkeypatch):
-    # The local launcher's ranks inherit this environment: NVTE_FLASH_ATTN=0 makes
-    # Megatron-LM refuse --attention-backend flash, so that layout is not launched.
+    # Ranks inherit the search's environment (on Slurm, the submitting shell's): with
+    # NVTE_FLASH_ATTN=0 there, Megatron-LM would refuse --attention-backend flash, so the
+    # command pins its backend's switches, and the (fake) run accepts them.
     monkeypatch.setenv("NVTE_FLASH_ATTN", "0")
     model = fake_measured_model(tmp_path, prescreen=None)
+    flash2 = conformance_candidates(limit=1).assign(attention="flash2")
+    scored = model.score(flash2, layoutsearch.catalog.clusters_by_gpu())
+    assert scored["measured_status"].iloc[0] == "ok" and model.launched == 1
+
+
+def test_an_attention_switch_in_the_settings_is_checked_before_launch(tmp_path):
+    # A switch the user sets in megatron.env is theirs to keep: the layout is not launched.
+    model = fake_measured_model(tmp_path, prescreen=None)
+    model.settings = dataclasses.replace(
+        model.settings, env={**model.settings.env, "NVTE_FLASH_ATTN": "0"})
     flash2 = conformance_candidates(limit=1).assign(attention="flash2")
     reason = model.score(flash2, layoutsearch.catalog.clusters_by_gpu())["cost_reason"].iloc[0]
     assert reason.startswith("not measured: Megatron-LM would reject the command")

@@ -12,6 +12,7 @@ from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.megatron import MegatronSettings, build_command, parse_argv, validate_argv
+from layoutsearch.megatron.args import NVTE_ATTENTION
 from layoutsearch.megatron.inverse import row_of_argv
 from layoutsearch.rules import violations
 from layoutsearch.specs import Job
@@ -175,7 +176,8 @@ def test_context_parallelism_needs_transformer_engine_attention():
     flash = build_command(study_layout(64, 2, 1, cp=2, dp=16), job)
     assert validate_argv(flash.argv, env=flash.env, world_size=64) == []
     unfused = _set(flash.argv, "--attention-backend", "unfused")
-    assert _rules(unfused, flash.env) == {"context_parallel_attention"}
+    assert _rules(unfused, {**flash.env, **NVTE_ATTENTION["unfused"]}) == {
+        "context_parallel_attention"}
 
 
 @pytest.mark.parametrize(("model", "seq", "gpus"), [("llama3_8b", 8192, 64),
