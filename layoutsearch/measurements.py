@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from layoutsearch.errors import LayoutSearchError, unknown_name_message
+from layoutsearch.errors import LayoutSearchError, closest_names, unknown_name_message
 from layoutsearch.layout import ATTENTION_KERNELS, LAYOUT_COLUMNS, RECOMPUTE_KINDS
 from layoutsearch.specs import NORMALIZATIONS
 
@@ -70,6 +70,14 @@ def _as_float(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
     return numbers
 
 
+def _lookalikes(frame: pd.DataFrame, wanted: Collection[str]) -> dict[str, list[str]]:
+    """The frame's columns outside the schema that nearly name a `wanted` one: column ->
+    the names it looks like."""
+    schema = {*REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS}
+    return {column: close for column in map(str, frame.columns) if column not in schema
+            for close in [closest_names(column, wanted)] if close}
+
+
 def _fail(source: str, row: int, column: str, message: str) -> LayoutSearchError:
     # Rows are numbered as a spreadsheet shows a CSV: the header is line 1, data from 2.
     return LayoutSearchError(f"{source}: row {row + 2}, column {column!r}: {message}")
@@ -80,13 +88,21 @@ def as_bool(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
     values = frame[column]
     if values.dtype == bool:
         return values
-    out = values.map(lambda v: _TRUE.get(str(v).strip().lower()) if not isinstance(v, bool) else v)
+    out = values.map(_as_bool_cell)
     bad = out.isna()
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
         shown = _shown(values.iloc[i])
         raise _fail(source, i, column, f"{shown} is not a boolean (True/False/1/0)")
     return out.astype(bool)
+
+
+def _as_bool_cell(value: object) -> bool | None:
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if isinstance(value, float | np.floating) and float(value).is_integer():
+        value = int(value)  # a 0/1 column with a blank cell reads as 0.0/1.0/NaN
+    return _TRUE.get(str(value).strip().lower())
 
 
 def _as_int(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
@@ -106,10 +122,20 @@ def validate_measurements(frame: pd.DataFrame, source: str = "measurements",
     """
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
+        hints = "".join(f"; column {column!r} looks like {' or '.join(close)}"
+                        for column, close in _lookalikes(frame, missing).items())
         raise LayoutSearchError(
-            f"{source}: missing required column(s) {', '.join(missing)} "
+            f"{source}: missing required column(s) {', '.join(missing)}{hints} "
             "(see the measurement schema, docs/measurements.md)"
         )
+    absent = [c for c in OPTIONAL_DEFAULTS if c not in frame.columns]
+    for column, close in _lookalikes(frame, absent).items():
+        # Unknown columns are kept, but one that nearly names an absent optional column is
+        # most likely that column: unchecked, every row would take its default instead.
+        raise LayoutSearchError(
+            f"{source}: column {column!r} looks like the optional column {close[0]!r}, "
+            f"which this file lacks, so every row would take its default "
+            f"{close[0]}={OPTIONAL_DEFAULTS[close[0]]}; rename the column, or drop it")
     out = frame.copy().reset_index(drop=True)
     for column, default in OPTIONAL_DEFAULTS.items():
         filled = out[column].fillna(default) if column in out.columns else default

@@ -64,6 +64,44 @@ def test_missing_column_is_named(tmp_path: Path, measurement_row: dict[str, Any]
         read_measurements(write(tmp_path, [row]))
 
 
+def test_a_misspelt_required_column_is_pointed_out(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    row = {("micro_batch" if k == "micro_batch_size" else k): v
+           for k, v in measurement_row.items()}
+    with pytest.raises(LayoutSearchError, match=r"missing required column\(s\) micro_batch_size; "
+                       "column 'micro_batch' looks like micro_batch_size"):
+        read_measurements(write(tmp_path, [row]))
+
+
+@pytest.mark.parametrize("name", ["use_distributed_optimizer", "distributed_optimiser"])
+def test_a_misspelt_optional_column_is_refused_not_defaulted(
+    tmp_path: Path, measurement_row: dict[str, Any], name: str
+) -> None:
+    # Read as an unknown column, every row would have run without the distributed optimizer.
+    row = {**measurement_row, name: True}
+    with pytest.raises(LayoutSearchError, match=rf"column '{name}' looks like the optional "
+                       "column 'distributed_optimizer', which this file lacks, so every row "
+                       "would take its default distributed_optimizer=False"):
+        read_measurements(write(tmp_path, [row]))
+    # Next to the real column it is just another unknown column, kept as it is.
+    kept = read_measurements(write(tmp_path, [{**row, "distributed_optimizer": True}]))
+    assert kept[name].tolist() == [True] and kept["distributed_optimizer"].tolist() == [True]
+
+
+def test_a_blank_cell_of_a_0_1_column_is_named_at_its_row(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    # pandas reads a 0/1 column with a gap as 0.0/1.0/NaN: the gap is the error, not 0.0.
+    rows = [{**measurement_row, "sequence_parallel": v} for v in (0, 1, None, 0)]
+    with pytest.raises(LayoutSearchError, match=r"row 4, column 'sequence_parallel': an empty "
+                       "cell is not a boolean"):
+        read_measurements(write(tmp_path, rows))
+    rows[2]["sequence_parallel"] = 1
+    runs = read_measurements(write(tmp_path, rows))
+    assert runs["sequence_parallel"].tolist() == [False, True, True, False]
+
+
 def test_missing_file() -> None:
     with pytest.raises(LayoutSearchError, match=r"measurement file '/nonexistent.csv' does not"):
         read_measurements("/nonexistent.csv")
