@@ -187,6 +187,64 @@ def test_cli_settings_out_of_range_exit_2_before_fitting(tmp_path, capsys, optio
     assert stop.value.code == 2 and "is a folder" in capsys.readouterr().err
 
 
+def test_cli_refuses_an_out_it_cannot_or_must_not_write_before_fitting(tmp_path, capsys):
+    path = tmp_path / "runs.csv"
+    synthetic_runs(PRIOR["a100_80gb"]).to_csv(path, index=False)
+    (tmp_path / "afile").write_text("kept\n")
+    for out, message in ((path, "is the measurement file"),
+                         (tmp_path / "afile" / "x.yaml", "afile is a file, not a folder"),
+                         (f"{tmp_path}/new/", "is a folder")):
+        with pytest.raises(SystemExit) as stop:
+            main([str(path), "--out", str(out), "--no-cv"])
+        assert stop.value.code == 2 and message in capsys.readouterr().err
+    assert pd.read_csv(path).shape[0] > 0 and (tmp_path / "afile").read_text() == "kept\n"
+
+
+def test_cli_keeps_the_fit_when_out_cannot_be_written(tmp_path, capsys, monkeypatch):
+    import layoutsearch.calibration.cli as cli
+    path = tmp_path / "runs.csv"
+    synthetic_runs(PRIOR["a100_80gb"]).to_csv(path, index=False)
+    write = cli.write_config
+
+    def refuse_first(target, constants, provenance):
+        if str(target).endswith("out.yaml") and "layoutsearch-calibrate-" not in str(target):
+            raise PermissionError(13, "Permission denied", str(target))
+        return write(target, constants, provenance)
+
+    monkeypatch.setattr(cli, "write_config", refuse_first)
+    assert main([str(path), "--out", str(tmp_path / "out.yaml"), "--no-cv", "--free",
+                 "gemm_efficiency", "--max-evals", "5", "--memory-grid", "3"]) == 1
+    error = capsys.readouterr().err
+    assert "cannot be written ([Errno 13] Permission denied" in error
+    kept = error.rsplit("the fit is kept in ", 1)[1].strip()
+    assert isinstance(build_cost_model(kept), AnalyticCostModel)
+
+
+def test_cli_writes_only_the_measured_gpu_kinds(tmp_path, capsys):
+    path = tmp_path / "runs.csv"
+    synthetic_runs(PRIOR["a100_80gb"]).to_csv(path, index=False)
+    out = tmp_path / "cost_models" / "mine.yaml"
+    assert main([str(path), "--out", str(out), "--no-cv", "--free", "gemm_efficiency",
+                 "--max-evals", "5", "--memory-grid", "3"]) == 0
+    assert f"use it: layoutsearch --config-dir {tmp_path} cost_models=mine" in (
+        capsys.readouterr().out)
+    config = yaml.safe_load(out.read_text())
+    assert list(config["gpus"]) == ["a100_80gb"] == config["provenance"]["gpus"]
+    h100 = load_cluster("h100_sxm")
+    with pytest.raises(LayoutSearchError, match="has no constants for GPU kind"):
+        build_cost_model(out).score(synthetic_runs(PRIOR["a100_80gb"]).head(3).assign(
+            gpu="h100_sxm"), {"h100_sxm": h100})
+
+
+def test_step_times_in_the_wrong_unit_are_refused_before_the_fit():
+    runs = synthetic_runs(PRIOR["a100_80gb"])
+    runs["step_time_s"] *= 1000  # milliseconds
+    with pytest.raises(LayoutSearchError, match=r"row 2 \(llama_7b, a100_80gb, tp 1 pp 1\): "
+                       r"step_time_s=.* gives MFU .* but mfu=.* \(1e\+03x\); .* is "
+                       "step_time_s in seconds"):
+        fit_constants(runs, PRIOR, ["gemm_efficiency"], max_evals=5, memory_grid=3)
+
+
 def test_out_of_memory_rows_alone_fit_memory_and_keep_the_time_constants():
     runs = synthetic_runs(PRIOR["a100_80gb"], seq_length=8192)
     only_oom = runs[runs["status"] == "oom"]

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
+import shlex
+import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,8 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Fit the analytic constants to measured runs; print fidelity before, after and LOJO."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if Path(args.out).is_dir():
-        parser.error(f"--out {args.out}: is a folder; name the YAML file to write")
+    problem = _unwritable(args.out, args.measurements)
+    if problem:
+        parser.error(f"--out {args.out}: {problem}")  # before the fit, not after it
     free = [n.strip() for n in args.free.split(",") if n.strip()] if args.free else None
     settings: dict[str, Any] = {"max_evals": args.max_evals, "memory_grid": args.memory_grid,
                                 "fit_memory_constants": not args.keep_memory}
@@ -132,12 +137,53 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "verdict": str(r["verdict"])}
             for job, r in held_out.items()}
         provenance["leave_one_job_out_pooled"] = _figures(pooled)
+    # Only the GPU kinds the measurements cover: a search on another kind then says the
+    # file has no constants for it, instead of quietly using the base's.
+    measured = sorted(set(rows["gpu"]))
+    fitted = {gpu: fitted[gpu] for gpu in measured}
+    provenance["gpus"] = measured
     for gpu, constants in fitted.items():
         changed = {k: round(v, 6) for k, v in constants.to_dict().items()
                    if v != getattr(base[gpu], k)}
         if changed:
             print(f"fitted {gpu}: {changed}")
-    path = write_config(args.out, fitted, provenance)
-    print(f"wrote {path}")
+    try:
+        path = write_config(args.out, fitted, provenance)
+    except OSError as error:
+        kept = write_config(Path(tempfile.mkdtemp(prefix="layoutsearch-calibrate-"))
+                            / Path(args.out).name, fitted, provenance)
+        print(f"layoutsearch-calibrate: error: --out {args.out}: cannot be written "
+              f"({error}); the fit is kept in {kept}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}\n{_how_to_use(path)}")
     return 0
+
+
+def _unwritable(out: str, measurements: str) -> str | None:
+    """Why a YAML file cannot be written at `out` (None: it can), checked before the fit."""
+    path = Path(out)
+    if out.endswith(("/", "\\")) or path.is_dir():
+        return "is a folder; name the YAML file to write"
+    if path.exists() and path.resolve() == Path(measurements).resolve():
+        return "is the measurement file; name another file for the fitted constants"
+    folder = path.parent
+    while not folder.exists():  # the folders still to be made
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"the folder {folder} is not writable"
+    return None
+
+
+def _how_to_use(path: Path) -> str:
+    """How to search with a written file: the CLI finds a `cost_models/` option through
+    --config-dir (the folder holding `cost_models/`), Python takes the path."""
+    path = path.resolve()
+    python = f'layoutsearch.search(..., cost_model="{path}")'
+    if path.parent.name != "cost_models":
+        return (f"use it from Python: {python}; for the CLI, put it in a folder named "
+                f"cost_models and pass that folder's parent with --config-dir")
+    return (f"use it: layoutsearch --config-dir {shlex.quote(str(path.parent.parent))} "
+            f"cost_models={path.stem} ..., or from Python: {python}")
 

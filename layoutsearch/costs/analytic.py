@@ -102,10 +102,7 @@ class AnalyticCostModel:
         step = np.sum(list(times.values()), axis=0)
         peak_bytes = np.sum(list(memory.values()), axis=0)
         tokens_per_step = shapes.global_batch * shapes.seq
-        # The study's MFU (Hagemann et al. 2023 after PaLM): 6N + 12·L·h·s per token.
-        attention_flops = 12 * shapes.num_layers * shapes.hidden * shapes.seq
-        flops_per_token = 6 * shapes.num_parameters + attention_flops
-        mfu = tokens_per_step * flops_per_token / (step * shapes.num_gpus * shapes.peak_flops)
+        mfu = shapes.mfu(step)
         fits = peak_bytes <= shapes.memory_bytes
         out = {
             "step_time_s": step,

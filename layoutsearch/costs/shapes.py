@@ -201,6 +201,13 @@ class Shapes:
             gpu_kinds=kinds,
         )
 
+    def mfu(self, step_time_s: Array) -> Array:
+        """The study's MFU of a step of `step_time_s` seconds (Hagemann et al. 2023, after
+        PaLM): tokens/s x (6N + 12·L·h·s) FLOPs per token over the GPUs' dense peak."""
+        flops_per_token = 6 * self.num_parameters + 12 * self.num_layers * self.hidden * self.seq
+        tokens_per_step = self.global_batch * self.seq
+        return tokens_per_step * flops_per_token / (step_time_s * self.num_gpus * self.peak_flops)
+
     def per_attention(self, values: Mapping[str, float]) -> Array:
         """A number per row looked up by its attention kernel (e.g. bytes per score)."""
         return np.array([values[k] for k in ATTENTION_KERNELS])[self.attention]
