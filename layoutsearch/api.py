@@ -131,7 +131,8 @@ def search(
     if len(fitting):
         ranked.loc[fitting, "megatron_args"] = with_megatron_args(
             ranked.loc[fitting], job, settings)["megatron_args"]
-    message = no_fit_message(ranked, job, problem.passing_tp_pp)
+    message = no_fit_message(ranked, job, problem.passing_tp_pp,
+                             passing_rules=len(problem.feasible_candidates()))
     ranked.attrs["job"] = job
     ranked.attrs["megatron_settings"] = settings  # what emit_megatron writes scripts with
     ranked.attrs["space_size"] = len(problem.candidates)

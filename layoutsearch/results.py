@@ -157,16 +157,22 @@ SUGGESTED_PAIRS = 12
 
 def no_fit_message(ranked: pd.DataFrame, job: Job,
                    passing_tp_pp: Callable[[], list[tuple[int, int]]] | None = None,
-                   ) -> str | None:
+                   passing_rules: int = 0) -> str | None:
     """One sentence on why no candidate is feasible and what to change; None if one is.
 
     `passing_tp_pp` (called only when no layout passes the rules) gives the tp·pp pairs
-    that would pass with the space's other settings, to suggest them.
+    that would pass with the space's other settings, to suggest them. `passing_rules`
+    counts the layouts that pass the rules: when there are some but none has a memory
+    figure, the cost model (a replay of measurements) is why, not the rules.
     """
     if ranked["fits"].any():
         return None
     priced = ranked[ranked["peak_memory_gib"].notna()]
     limit = job.cluster.gpu.memory_gib
+    if priced.empty and passing_rules:
+        return (f"no layout fits: {passing_rules} of {len(ranked)} layouts pass the rules, "
+                f"and the cost model found none of them to fit: "
+                f"{_rule_summary(ranked['reason'], top=4)}")
     if priced.empty:
         message = f"no layout passes the rules: {_rule_summary(ranked['reason'])}"
         pairs = passing_tp_pp() if passing_tp_pp else []

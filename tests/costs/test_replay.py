@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import layoutsearch
 from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs import PREDICTION_COLUMNS, ReplayCostModel, build_cost_model
 from layoutsearch.errors import LayoutSearchError
@@ -113,3 +114,21 @@ def test_bad_files_and_configs_are_named(tmp_path: Path, measurement_row: dict[s
     _runs(measurement_row, {}, {"tp": "two"}).to_csv(bad, index=False)
     with pytest.raises(LayoutSearchError, match=r"row 3, column 'tp'"):
         build_cost_model("replay", path=str(bad))
+
+
+def test_a_search_over_out_of_memory_runs_alone_says_the_cost_model_found_no_fit(
+        tmp_path: Path, measurement_row: dict[str, Any]) -> None:
+    path = tmp_path / "oom.csv"
+    _runs(measurement_row, {"status": "oom", "step_time_s": None, "mfu": None}).to_csv(
+        path, index=False)
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
+        ranked = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=2048,
+                                     global_batch_size=2048, cost_model={
+                                         "_target_": "layoutsearch.costs.replay.ReplayCostModel",
+                                         "path": str(path)}, tp=[1, 2], pp=[1])
+    message = ranked.attrs["message"]
+    # The layouts pass the rules; the measurements are what rules them out.
+    assert message.startswith("no layout fits: ") and "pass the rules, and the cost model " \
+        "found none of them to fit" in message
+    assert "measured: out of memory (rejects 1 of" in message
+    assert "no layout passes the rules" not in message
