@@ -207,6 +207,9 @@ def _check_values(t: pd.DataFrame, source: str) -> None:
 def read_table(path: str | Path) -> pd.DataFrame:
     """A measurement file as it is, unvalidated (CSV, or Parquet by its suffix)."""
     path = Path(path)
+    if path.is_dir():
+        raise LayoutSearchError(f"measurement file {str(path)!r} is a folder; name the CSV or "
+                                "Parquet file in it")
     if not path.is_file():
         raise LayoutSearchError(f"measurement file {str(path)!r} does not exist")
     parquet = path.suffix.lower() in (".parquet", ".pq")

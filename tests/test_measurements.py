@@ -107,6 +107,12 @@ def test_missing_file() -> None:
         read_measurements("/nonexistent.csv")
 
 
+def test_a_folder_is_not_a_measurement_file(tmp_path: Path) -> None:
+    with pytest.raises(LayoutSearchError, match=r"measurement file '.*' is a folder; name the "
+                       "CSV or Parquet file in it"):
+        read_measurements(tmp_path)
+
+
 # A bad value in the third data row: line 4 of the file (the header is line 1).
 @pytest.mark.parametrize(
     ("column", "value", "message"),
