@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -243,6 +244,23 @@ def test_each_optuna_setting_names_its_rule(setting: str, value: object, rule: s
         build_driver("optuna", **{setting: value})
 
 
+def test_an_objective_named_twice_is_refused() -> None:
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            "driver.objectives=['mfu', 'mfu']: names an objective twice")):
+        build_driver("optuna", objectives=["mfu", "mfu"])
+
+
+def test_a_measured_warm_start_is_refused_before_it_launches_anything(
+        counting: CountingModel) -> None:
+    # Guessing prices every layout that passes the rules: with training runs, the whole grid.
+    problem = make_problem(counting)
+    with pytest.raises(LayoutSearchError, match=r"driver.warm_start=measured: a warm start "
+                       r"prices all \d+ layouts that pass the rules to pick 5; a measured cost "
+                       "model would launch each"):
+        OptunaDriver(n_trials=3, warm_start="measured", progress=False).run(problem)
+    assert counting.priced() == []
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="needs fork")
 @pytest.mark.parametrize("storage", ["sqlite:///{dir}/study.db", "{dir}/study.log"])
 def test_workers_share_a_study_and_its_budget_without_pricing_a_layout_twice(
@@ -325,3 +343,19 @@ def test_the_command_line_runs_an_optuna_search_over_replayed_runs(
     unmeasured = ranked[ranked["mfu"].isna()]
     assert unmeasured["reason"].str.startswith("unmeasured: no measurement").all()
     assert json.dumps(sorted(ranked["tp"].unique().tolist())) in ("[1]", "[2]", "[1, 2]")
+
+
+def test_a_sample_with_no_fit_says_it_saw_only_part_of_the_space() -> None:
+    # A 65B job on 16 GPUs: 192 of its layouts fit, but 3 sampled ones may all miss them.
+    job = dict(model="llama_65b", num_gpus=16, seq_length=2048, global_batch_size=2048)
+    for seed in range(10):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ranked = search(**job, driver={"name": "optuna", "n_trials": 3, "seed": seed,
+                                           "progress": False})
+        if not ranked["fits"].any():
+            break
+    assert not ranked["fits"].any(), "every seed's 3 trials found a layout that fits"
+    assert ranked.attrs["message"].startswith(
+        "none of the 3 layouts the optuna driver evaluated (of 2240 in the space) fits; raise "
+        "its n_trials, or price every layout with driver=grid")

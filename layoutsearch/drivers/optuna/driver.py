@@ -32,6 +32,7 @@ from optuna.study import StudyDirection
 
 from layoutsearch.costs import build_cost_model
 from layoutsearch.costs.base import cost_model_fingerprint
+from layoutsearch.costs.measured import MeasuredCostModel
 from layoutsearch.drivers.layout_index import LayoutIndex
 from layoutsearch.drivers.optuna.storage import fail_dead_workers, open_storage, release
 from layoutsearch.drivers.optuna.worker import (
@@ -101,6 +102,9 @@ class OptunaDriver:
         for objective in self.objectives:
             if objective not in DIRECTIONS:
                 raise LayoutSearchError(unknown_name_message("objective", objective, DIRECTIONS))
+        if len(set(self.objectives)) < len(self.objectives):
+            raise LayoutSearchError(
+                f"driver.objectives={list(self.objectives)}: names an objective twice")
         if self.sampler not in SAMPLERS:
             raise LayoutSearchError(unknown_name_message("sampler", self.sampler, SAMPLERS))
         for name in ("timeout", "target"):
@@ -213,8 +217,17 @@ class OptunaDriver:
         """Queue the best feasible layouts by the `warm_start` cost model (once per study)."""
         if not self.warm_start:
             return
-        guess = SearchProblem(problem.job, problem.space, problem.candidates,
-                              build_cost_model(self.warm_start), problem.clusters)
+        model = build_cost_model(self.warm_start)
+        if isinstance(model, MeasuredCostModel):
+            # Guessing prices every layout that passes the rules: as training runs, that is
+            # the whole grid, not warm_start_top_k launches.
+            raise LayoutSearchError(
+                f"driver.warm_start={self.warm_start}: a warm start prices all "
+                f"{len(problem.feasible_candidates())} layouts that pass the rules to pick "
+                f"{self.warm_start_top_k}; a measured cost model would launch each. Use "
+                "analytic, a calibrated analytic file or a replay of measurements")
+        guess = SearchProblem(problem.job, problem.space, problem.candidates, model,
+                              problem.clusters)
         ranked = rank(guess.evaluate(guess.feasible_candidates()))
         for _, row in ranked.head(self.warm_start_top_k).iterrows():
             params = {k: plain(row[k]) for k in index.params}
