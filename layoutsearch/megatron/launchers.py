@@ -10,18 +10,17 @@ turns that into a status and figures; launchers never interpret output.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.lifetime import stop_with_parent
 from layoutsearch.megatron.args import MegatronCommand
 from layoutsearch.megatron.scripts import torchrun_argv, trial_time_limit_s, write_script
 from layoutsearch.megatron.settings import MegatronSettings
@@ -98,29 +97,6 @@ class DryRunLauncher:
         return TrialLog(text=f"dry run: wrote {path}", returncode=None, ran=False)
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _stop_with_parent() -> Callable[[], None] | None:
-    """A pre-exec hook that has the kernel send SIGTERM to torchrun when the search dies.
-
-    A trial runs in a session of its own (so that a timeout can kill every rank), which also
-    shields it from the signals that stop the search; without this a search killed with
-    SIGKILL leaves its trial training on the GPUs. torchrun answers SIGTERM by stopping its
-    ranks. Linux only (prctl(2)); elsewhere None. The libc function is looked up here, in
-    the parent (the process's own symbols include libc's): the hook runs between fork and
-    exec, where only the bare call is safe.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def hook() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-
-    return hook
-
-
 class LocalLauncher:
     """torchrun as a subprocess on this node, with a wall-clock limit and a log per trial."""
 
@@ -161,7 +137,7 @@ class LocalLauncher:
                 process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                            cwd=self.settings.megatron_path,
                                            start_new_session=True,
-                                           preexec_fn=_stop_with_parent())
+                                           preexec_fn=stop_with_parent())
             except OSError as error:
                 # The launcher itself did not start: nothing about the layout was learned.
                 log.write(f"error: cannot start {argv[0]!r}: {error}\n")

@@ -325,6 +325,25 @@ def test_a_study_killed_with_sigkill_resumes_and_loses_nothing(tmp_path: Path) -
     assert len(priced) - len(set(priced)) <= 1
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_end_with_a_search_killed_with_sigkill(tmp_path: Path) -> None:
+    # Left running, they would go on pricing (with a measured model: launching trials).
+    url, log = f"sqlite:///{tmp_path}/study.db", tmp_path / "priced.txt"
+    script = KILLABLE.format(tests=str(Path(__file__).parent), log=str(log), url=url).replace(
+        "n_trials=40,", "n_trials=400, n_workers=2,")
+    process = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 60
+    while len(log.read_text().splitlines() if log.exists() else []) < 6:
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    time.sleep(1.5)  # a worker in the middle of a trial finishes its write, then ends
+    settled = len(log.read_text().splitlines())
+    time.sleep(1.5)
+    assert len(log.read_text().splitlines()) == settled < 400
+
+
 def test_the_command_line_runs_an_optuna_search_over_replayed_runs(
         tmp_path: Path, measurement_row: dict[str, Any]) -> None:
     runs = tmp_path / "runs.csv"

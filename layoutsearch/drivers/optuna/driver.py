@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -242,7 +243,8 @@ class OptunaDriver:
         errors = context.SimpleQueue()
         budget = (EvaluationBudget(context, self.n_trials - evaluations_done)
                   if self.n_trials is not None else None)
-        workers = [context.Process(target=work, args=(self, problem, i, errors, budget))
+        workers = [context.Process(target=work, args=(self, problem, i, errors, budget,
+                                                      os.getpid()))
                    for i in range(self.n_workers)]
         for process in workers:
             process.start()

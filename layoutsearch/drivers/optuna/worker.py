@@ -23,6 +23,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from layoutsearch.drivers.layout_index import LayoutIndex
 from layoutsearch.drivers.optuna.storage import alive, open_storage
+from layoutsearch.lifetime import end_with_parent
 from layoutsearch.problem import SearchProblem
 from layoutsearch.progress import Progress
 from layoutsearch.space import INTEGER_KNOBS
@@ -83,7 +84,11 @@ def feasible(trial: FrozenTrial) -> bool:
 
 
 def work(driver: OptunaDriver, problem: SearchProblem, number: int, errors: Any,
-         budget: EvaluationBudget | None = None) -> None:
+         budget: EvaluationBudget | None = None, parent_pid: int | None = None) -> None:
+    """One worker process of a study; it ends when the search that started it dies (a
+    `kill -9` of the search must not leave workers launching trials)."""
+    if parent_pid is not None:
+        end_with_parent(parent_pid)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         study = driver.open_study(problem, open_storage(driver.storage), worker=number)
