@@ -135,9 +135,10 @@ def search(
                              passing_rules=len(problem.feasible_candidates()))
     if message and len(ranked) < len(problem.candidates):
         # A sampling driver saw part of the space: what it saw says nothing of the rest.
+        more = "raise its n_trials, or " if hasattr(searcher, "n_trials") else ""
         message = (f"none of the {len(ranked)} layouts the {searcher.name} driver evaluated "
-                   f"(of {len(problem.candidates)} in the space) fits; raise its n_trials, or "
-                   f"price every layout with driver=grid. Among those evaluated: {message}")
+                   f"(of {len(problem.candidates)} in the space) fits; {more}price every "
+                   f"layout with driver=grid. Among those evaluated: {message}")
     ranked.attrs["job"] = job
     ranked.attrs["megatron_settings"] = settings  # what emit_megatron writes scripts with
     ranked.attrs["space_size"] = len(problem.candidates)

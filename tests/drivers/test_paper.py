@@ -143,3 +143,13 @@ def test_rules_over_rows_without_the_study_settings_pick_nothing_and_say_why() -
     choice = paper_choice(ranked, ranked.attrs["job"], lambda rows: ranked.loc[rows.index])
     assert choice.chosen is None
     assert choice.priced.empty
+
+
+def test_when_nothing_the_rules_pick_fits_the_message_points_to_the_grid() -> None:
+    # The study's rules price 40 of 2240 layouts; a 65B job on 8 GPUs fits none of them.
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
+        ranked = layoutsearch.search(driver="paper", model="llama_65b", num_gpus=8,
+                                     seq_length=2048, global_batch_size=64)
+    assert ranked.attrs["message"].startswith(
+        f"none of the {len(ranked)} layouts the paper driver evaluated (of 2240 in the space) "
+        "fits; price every layout with driver=grid. Among those evaluated: no layout fits")
