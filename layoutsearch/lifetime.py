@@ -4,7 +4,7 @@ A search killed with SIGKILL runs no clean-up of its own, so its children must l
 from the kernel: PR_SET_PDEATHSIG sends them SIGTERM when their parent dies (Linux only).
 
     subprocess.Popen(argv, preexec_fn=stop_with_parent())   # torchrun of a trial
-    end_with_parent(os.getppid())                            # first thing in a worker
+    end_with_parent(search_pid)   # first thing in a worker; the pid taken before the fork
 """
 
 from __future__ import annotations

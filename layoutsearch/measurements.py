@@ -129,13 +129,15 @@ def validate_measurements(frame: pd.DataFrame, source: str = "measurements",
             "(see the measurement schema, docs/measurements.md)"
         )
     absent = [c for c in OPTIONAL_DEFAULTS if c not in frame.columns]
-    for column, close in _lookalikes(frame, absent).items():
+    misnamed = _lookalikes(frame, absent)
+    if misnamed:
         # Unknown columns are kept, but one that nearly names an absent optional column is
         # most likely that column: unchecked, every row would take its default instead.
+        column, (meant, *_) = next(iter(misnamed.items()))
         raise LayoutSearchError(
-            f"{source}: column {column!r} looks like the optional column {close[0]!r}, "
-            f"which this file lacks, so every row would take its default "
-            f"{close[0]}={OPTIONAL_DEFAULTS[close[0]]}; rename the column, or drop it")
+            f"{source}: column {column!r} looks like the optional column {meant!r}, which "
+            f"this file lacks, so every row would take its default "
+            f"{meant}={OPTIONAL_DEFAULTS[meant]}; rename the column, or drop it")
     out = frame.copy().reset_index(drop=True)
     for column, default in OPTIONAL_DEFAULTS.items():
         filled = out[column].fillna(default) if column in out.columns else default
