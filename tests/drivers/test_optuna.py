@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -23,14 +24,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import optuna
 import pandas as pd
 import pytest
+from optuna.trial import TrialState
 
 from layoutsearch import search
 from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
 from layoutsearch.costs import PREDICTION_COLUMNS, build_cost_model
 from layoutsearch.drivers import build_driver
-from layoutsearch.drivers.optuna import OptunaDriver
+from layoutsearch.drivers.layout_index import LayoutIndex
+from layoutsearch.drivers.optuna import OptunaDriver, open_storage
+from layoutsearch.drivers.optuna.storage import STALE_S, Heartbeat, alive
+from layoutsearch.drivers.optuna.worker import Worker, encode, is_evaluation
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.problem import SearchProblem
@@ -342,6 +348,82 @@ def test_workers_end_with_a_search_killed_with_sigkill(tmp_path: Path) -> None:
     settled = len(log.read_text().splitlines())
     time.sleep(1.5)
     assert len(log.read_text().splitlines()) == settled < 400
+
+
+def _held_by_another_machine(study: optuna.Study, layout: str, beat_age_s: float) -> int:
+    """A running trial of `layout` claimed by a worker elsewhere, last stamped beat_age_s ago."""
+    trial = study.ask()
+    trial.set_user_attr("worker", "gpu-node-17:4242")
+    trial.set_user_attr("layout", layout)
+    trial.set_user_attr("heartbeat", time.time() - beat_age_s)
+    return trial.number
+
+
+def _open_unpriced(study: optuna.Study, problem: SearchProblem, count: int) -> list[str]:
+    index = LayoutIndex.of(problem)
+    taken = {t.user_attrs.get("layout") for t in study.get_trials(deepcopy=False)}
+    return [index.labels[i] for i in index.open if index.labels[i] not in taken][:count]
+
+
+def test_a_trial_of_a_machine_that_died_is_failed_by_a_search_elsewhere(
+        tmp_path: Path, counting: CountingModel) -> None:
+    url = f"sqlite:///{tmp_path}/study.db"
+    problem = make_problem(counting)
+    OptunaDriver(n_trials=3, storage=url, study_name="s", progress=False).run(problem)
+    study = optuna.load_study(study_name="s", storage=url)
+    dead_layout, live_layout = _open_unpriced(study, problem, 2)
+    dead = _held_by_another_machine(study, dead_layout, beat_age_s=STALE_S + 60)
+    live = _held_by_another_machine(study, live_layout, beat_age_s=5)
+    OptunaDriver(n_trials=6, storage=url, study_name="s", progress=False).run(problem)
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    assert trials[dead].state == TrialState.FAIL
+    assert trials[dead].user_attrs["reason"] == "worker died"
+    assert trials[live].state == TrialState.RUNNING  # its machine stamped it 5 s ago
+
+
+def test_a_search_prices_a_layout_whose_worker_died_while_it_ran(
+        tmp_path: Path, counting: CountingModel) -> None:
+    # The machine dies after this search started: the search meets the stale trial when it
+    # samples that layout, fails it and prices the layout itself.
+    url = f"sqlite:///{tmp_path}/study.db"
+    problem = make_problem(counting)
+    driver = OptunaDriver(n_trials=3, storage=url, study_name="s", progress=False)
+    driver.run(problem)
+    storage = open_storage(url)
+    study = driver.open_study(problem, storage)
+    (layout,) = _open_unpriced(study, problem, 1)
+    dead = _held_by_another_machine(study, layout, beat_age_s=STALE_S + 60)
+    index = LayoutIndex.of(problem)
+    study.enqueue_trial(encode(index, index.params_of(index.rows[layout])))
+    Worker(dataclasses.replace(driver, n_trials=4), problem, index, study, storage, 0).run()
+    trials = study.get_trials(deepcopy=False)
+    assert trials[dead].state == TrialState.FAIL
+    priced = [t for t in trials if t.user_attrs.get("layout") == layout and is_evaluation(t)]
+    assert len(priced) == 1 and priced[0].number > dead
+
+
+def test_a_trial_in_flight_is_stamped_until_it_ends(tmp_path: Path) -> None:
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/study.db")
+    trial = study.ask()
+    with Heartbeat(trial, interval_s=0.05):
+        first = study.get_trials(deepcopy=False)[0].user_attrs["heartbeat"]
+        time.sleep(0.4)
+        later = study.get_trials(deepcopy=False)[0].user_attrs["heartbeat"]
+    study.tell(trial, 1.0)
+    assert later - first >= 0.2  # stamped again while the evaluation ran
+
+
+@pytest.mark.parametrize(("attrs", "expected"), [
+    ({"worker": "gpu-node-17:4242", "heartbeat": 1000.0}, True),  # stamped 500 s ago
+    ({"worker": "gpu-node-17:4242", "heartbeat": 1500.0 - STALE_S - 1}, False),
+    ({"worker": "gpu-node-17:4242"}, True),  # no heartbeat to judge by: assumed alive
+    ({"worker": f"{socket.gethostname()}:{2**22 + 7}", "heartbeat": 1500.0}, False),  # no pid
+    ({"worker": f"{socket.gethostname()}:{os.getpid()}", "heartbeat": 0.0}, True),
+])
+def test_a_worker_is_alive_by_its_pid_here_and_its_heartbeat_elsewhere(
+        attrs: dict[str, Any], expected: bool) -> None:
+    trial = optuna.trial.create_trial(state=TrialState.RUNNING, user_attrs=attrs)
+    assert alive(trial, now=1500.0) is expected
 
 
 def test_the_command_line_runs_an_optuna_search_over_replayed_runs(

@@ -204,7 +204,7 @@ class OptunaDriver:
             fail_dead_workers(study, storage)
             self._warm_start(study, problem, index)
             if self.n_workers == 1:
-                Worker(self, problem, index, study, 0).run()
+                Worker(self, problem, index, study, storage, 0).run()
             else:
                 done = sum(is_evaluation(t) for t in study.get_trials(deepcopy=False))
                 release(storage)

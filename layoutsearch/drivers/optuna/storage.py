@@ -3,7 +3,8 @@
 Any optuna storage URL (`sqlite:///...`, `postgresql://...`), a journal file (a path ending
 `.log`/`.journal`, or `journal://PATH`), or memory. SQLite transactions take the write lock
 first, so two workers never start one queued trial. A worker killed mid-trial leaves a
-RUNNING trial: on restart it is failed, so its layout is open again.
+RUNNING trial: it is failed, so its layout is open again, by the next search on its host
+(the worker's pid is gone) or by any search elsewhere once its heartbeat is stale.
 
     storage = open_storage("sqlite:///study.db")
 """
@@ -13,13 +14,16 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage, InMemoryStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, Trial, TrialState
 
 from layoutsearch.errors import LayoutSearchError
 
@@ -27,6 +31,13 @@ JOURNAL_SUFFIXES = (".log", ".journal")
 JOURNAL_SCHEME = "journal://"
 UNCLAIMED_S = 30.0
 """A running trial without a worker after this long was orphaned before it was claimed."""
+HEARTBEAT_S = 30.0
+"""How often a worker stamps its trial in flight with the time (seconds): an evaluation with
+a measured cost model is a training launch that may run for an hour."""
+STALE_S = 600.0
+"""A trial of another host whose last stamp is older than this lost its worker (seconds):
+twenty missed stamps, so a database stalled for minutes or clocks a few minutes apart
+(the stamp is the worker's wall clock, read by another machine) fail no live trial."""
 
 
 def open_storage(url: str | None) -> BaseStorage:
@@ -80,11 +91,18 @@ def serialize_sqlite(engine: Any) -> None:
     engine.dispose()  # connections opened before the hooks existed are dropped
 
 
-def alive(worker: str) -> bool:
-    """Whether the worker `host:pid` may still run; only this host's processes are checked."""
-    host, _, pid = worker.rpartition(":")
+def alive(trial: FrozenTrial, now: float | None = None) -> bool:
+    """Whether the worker of a running trial may still run.
+
+    On this host its process is looked up; elsewhere its heartbeat must be newer than
+    STALE_S. A trial stamped by no heartbeat (a layoutsearch without them) counts as alive.
+    """
+    host, _, pid = str(trial.user_attrs.get("worker", "")).rpartition(":")
     if host != socket.gethostname():
-        return True
+        beat = trial.user_attrs.get("heartbeat")
+        if not isinstance(beat, int | float):
+            return True
+        return (time.time() if now is None else now) - beat < STALE_S
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
@@ -94,6 +112,35 @@ def alive(worker: str) -> bool:
     return True
 
 
+class Heartbeat:
+    """Stamps a trial with the time now and every HEARTBEAT_S while its evaluation runs.
+
+        with Heartbeat(trial):
+            ...  # price the trial's layout
+    """
+
+    def __init__(self, trial: Trial, interval_s: float = HEARTBEAT_S) -> None:
+        self.trial, self.interval_s = trial, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self.trial.set_user_attr("heartbeat", time.time())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.trial.set_user_attr("heartbeat", time.time())
+            except Exception:  # a stamp lost to a busy database is made good by the next
+                continue
+
+
 def release(storage: BaseStorage) -> None:
     """Close the parent's database connections before forking workers that open their own."""
     if isinstance(storage, RDBStorage):
@@ -101,18 +148,21 @@ def release(storage: BaseStorage) -> None:
 
 
 def fail_dead_workers(study: optuna.Study, storage: BaseStorage) -> None:
-    """Fail running trials left by a killed worker of this host, so their layouts reopen.
+    """Fail running trials whose worker died (see `alive`), so their layouts reopen.
 
     A trial is claimed (its `worker` attribute set) right after it is created; one still
-    unclaimed after UNCLAIMED_S lost its worker in between, wherever it ran.
+    unclaimed after UNCLAIMED_S lost its worker in between, wherever it ran. Two searches
+    may fail one trial at once: the second finds it finished and leaves it.
     """
     now = datetime.datetime.now()
     study_id = storage.get_study_id_from_name(study.study_name)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        worker = trial.user_attrs.get("worker")
         started = trial.datetime_start or now
-        if (not alive(worker) if worker
+        if (not alive(trial) if "worker" in trial.user_attrs
                 else (now - started).total_seconds() > UNCLAIMED_S):
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
-            storage.set_trial_user_attr(trial_id, "reason", "worker died")
-            storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            try:
+                storage.set_trial_user_attr(trial_id, "reason", "worker died")
+                storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            except UpdateFinishedTrialError:
+                continue

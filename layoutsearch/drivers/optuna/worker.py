@@ -5,7 +5,7 @@ already priced reuses the stored value; after either, the nearest open layout is
 Integer knobs are trial parameters as positions in their ordered values, so TPE sees that
 tp 4 lies between 2 and 8.
 
-    Worker(driver, problem, LayoutIndex.of(problem), study, number=0).run()
+    Worker(driver, problem, LayoutIndex.of(problem), study, storage, number=0).run()
 """
 
 from __future__ import annotations
@@ -19,10 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import optuna
+from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from layoutsearch.drivers.layout_index import LayoutIndex
-from layoutsearch.drivers.optuna.storage import alive, open_storage
+from layoutsearch.drivers.optuna.storage import (
+    Heartbeat,
+    alive,
+    fail_dead_workers,
+    open_storage,
+)
 from layoutsearch.lifetime import end_with_parent
 from layoutsearch.problem import SearchProblem
 from layoutsearch.progress import Progress
@@ -91,8 +97,9 @@ def work(driver: OptunaDriver, problem: SearchProblem, number: int, errors: Any,
         end_with_parent(parent_pid)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        study = driver.open_study(problem, open_storage(driver.storage), worker=number)
-        Worker(driver, problem, LayoutIndex.of(problem), study, number, budget).run()
+        storage = open_storage(driver.storage)
+        study = driver.open_study(problem, storage, worker=number)
+        Worker(driver, problem, LayoutIndex.of(problem), study, storage, number, budget).run()
     except BaseException as error:
         errors.put(f"worker {number}: {type(error).__name__}: {error}")
         raise SystemExit(1) from None
@@ -102,9 +109,10 @@ class Worker:
     """Asks for trials and answers each: reject, reuse or evaluate its layout."""
 
     def __init__(self, driver: OptunaDriver, problem: SearchProblem, index: LayoutIndex,
-                 study: optuna.Study, number: int,
+                 study: optuna.Study, storage: BaseStorage, number: int,
                  budget: EvaluationBudget | None = None) -> None:
         self.driver, self.problem, self.index, self.study = driver, problem, index, study
+        self.storage = storage
         self.budget = budget
         """Shared with the other local workers; None: `done()` alone keeps the count."""
         self.evaluations = 0
@@ -127,7 +135,8 @@ class Worker:
                 try:
                     trial = self.study.ask()
                     trial.set_user_attr("worker", self.worker)
-                    state, values = self.answer(trial)
+                    with Heartbeat(trial):
+                        state, values = self.answer(trial)
                     self.study.tell(trial, values, state=state)
                 finally:
                     if self.budget is not None and self.evaluations == started:
@@ -136,7 +145,7 @@ class Worker:
     def others_running(self) -> bool:
         """Whether a live worker has a trial in flight (which may hand back its share)."""
         running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        return any(alive(t.user_attrs.get("worker", "")) for t in running)
+        return any(alive(t) for t in running)
 
     def done(self) -> bool:
         trials = self.study.get_trials(deepcopy=False)
@@ -172,7 +181,10 @@ class Worker:
         for other in trials:
             if other.number == trial.number or other.user_attrs.get("layout") != label:
                 continue
-            if other.state == TrialState.RUNNING:
+            if other.state == TrialState.RUNNING and not alive(other):
+                # Its worker died (here, or on a machine whose heartbeat stopped): reopen it.
+                fail_dead_workers(self.study, self.storage)
+            elif other.state == TrialState.RUNNING:
                 # Another worker is pricing it; if both back off, neither evaluates twice.
                 trial.set_user_attr("reason", f"being evaluated in trial {other.number}")
                 self.queue_nearest(params, trials)
