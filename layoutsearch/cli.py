@@ -33,6 +33,7 @@ from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from layoutsearch.api import NoLayoutFitsWarning, search
 from layoutsearch.catalog import CLUSTER_DIR, MODEL_DIR, cluster_from_dict, model_from_dict
@@ -49,6 +50,7 @@ from layoutsearch.reporting.sweep import (
     RANKED_FILE,
     collect_sweep,
     forget_job_outputs,
+    mark_sweep_start,
     write_notes,
     write_summary,
 )
@@ -342,6 +344,19 @@ def check_group_choices(argv: Sequence[str]) -> None:
                 )
 
 
+def resolved(cfg: DictConfig) -> dict[str, Any]:
+    """The job's settings with every `${...}` resolved; one that cannot be is named."""
+    try:
+        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))  # keys are str
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or "a setting"
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise LayoutSearchError(
+            f"{key}: cannot resolve its value ({message}); an interpolation ${{...}} must "
+            "name another setting (e.g. ${seq_length}) or a resolver (${now:%H-%M})"
+        ) from None
+
+
 class MultirunSummary(Callback):
     """Hydra callback (conf/layoutsearch.yaml): summarize the sweep when the multirun ends."""
 
@@ -351,6 +366,7 @@ class MultirunSummary(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         # Resolve now: the sweep dir interpolates ${now:...}, which must not drift.
         self.sweep_dir = Path(str(config.hydra.sweep.dir))
+        mark_sweep_start(self.sweep_dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = self.sweep_dir or Path(str(config.hydra.sweep.dir))
@@ -368,12 +384,11 @@ class MultirunSummary(Callback):
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="layoutsearch")
 def _app(cfg: DictConfig) -> None:
-    config = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))  # keys are str
     hydra_config = HydraConfig.get()
     output_dir = Path(hydra_config.runtime.output_dir)
     forget_job_outputs(output_dir)
     try:
-        ranked = run(config, output_dir)
+        ranked = run(resolved(cfg), output_dir)
     except LayoutSearchError as error:
         if hydra_config.mode != RunMode.MULTIRUN:
             _fail(error)

@@ -107,6 +107,35 @@ def test_a_wrong_job_of_a_sweep_does_not_stop_the_others(tmp_path: Path) -> None
     assert table.loc[~failed, "mfu"].gt(0).all()
 
 
+def test_a_sweep_rerun_into_its_folder_summarizes_only_its_own_jobs(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    first = layoutsearch("--multirun", "num_gpus=64,128", FAST, f"hydra.sweep.dir={sweep}",
+                         cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    # The rerun has one job, and a setting that cannot be resolved: it is that job's error,
+    # not the end of the sweep, and job 1 of the first sweep is no part of this one.
+    again = layoutsearch("--multirun", "num_gpus=${nope}", FAST, f"hydra.sweep.dir={sweep}",
+                         cwd=tmp_path)
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert "1 of 1 jobs failed" in again.stderr
+    table = pd.read_csv(sweep / "multirun.csv")
+    assert list(table["job"]) == [0]
+    assert table.loc[0, "error"].startswith(
+        "num_gpus: cannot resolve its value (Interpolation key 'nope' not found)")
+    summary = (sweep / "multirun.md").read_text()
+    assert "# Sweep summary: 1 jobs" in summary
+    assert "Left out: the outputs of 1 jobs of an earlier sweep" in summary
+    assert (sweep / "1" / "ranked.csv").is_file()  # the earlier job's outputs are kept
+
+
+def test_a_setting_that_cannot_be_resolved_exits_2_naming_it(tmp_path: Path) -> None:
+    done = layoutsearch("global_batch_size=${seq_lenght}", FAST, f"hydra.run.dir={tmp_path}",
+                        cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "global_batch_size: cannot resolve its value" in done.stderr
+    assert "'seq_lenght' not found" in done.stderr
+
+
 def test_unknown_model_exits_2_naming_the_closest_match(tmp_path: Path) -> None:
     done = layoutsearch("model=llama13b", cwd=tmp_path)
     assert done.returncode == 2

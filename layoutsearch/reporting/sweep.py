@@ -4,7 +4,9 @@ Reads each job's `ranked.csv` (or the `error.txt` of a job whose input was wrong
 `notes.yaml` and `.hydra/overrides.yaml` from a sweep directory (so it works with any
 launcher, local or remote) and writes `multirun.csv`, `multirun.md` and `multirun_mfu.png`
 there. The CLI's Hydra callback (`cli.MultirunSummary`) calls it when a
-sweep ends; it can also be run on a finished sweep directory.
+sweep ends; it can also be run on a finished sweep directory. A sweep run again into the
+same directory (a fixed `hydra.sweep.dir`) is told from the jobs of the earlier one by a
+file the callback touches as it starts: outputs older than it are left out.
 
     layoutsearch --multirun model=llama_13b,llama_30b num_gpus=64,128 seq_length=2048,8192
     table = collect_sweep(Path("multirun/2026-01-01/12-00-00"))
@@ -37,6 +39,17 @@ NOTE_TAGS = {"headroom_note": "tight memory", "close_call_note": "close call"}
 """`ranked.attrs` notes a job records, with the tag the sweep table shows for each."""
 NO_FIT_NOTE = "message"
 """`ranked.attrs` entry that says why nothing fits and what to change (api.search)."""
+SWEEP_START_FILE = ".sweep_started"
+"""Touched in the sweep directory as a sweep starts; its time stamp, set by the same file
+system as the jobs' outputs (not by this machine's clock), dates the sweep's jobs."""
+EARLIER_JOBS = "earlier_jobs"
+"""`table.attrs` entry: how many outputs of an earlier sweep into this directory were left out."""
+
+
+def mark_sweep_start(sweep_dir: Path) -> None:
+    """Date the sweep now starting in `sweep_dir` (see SWEEP_START_FILE)."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    (sweep_dir / SWEEP_START_FILE).touch()
 
 
 def forget_job_outputs(job_dir: Path) -> None:
@@ -63,9 +76,14 @@ def _overrides(job_dir: Path) -> str:
 
 
 def collect_sweep(sweep_dir: Path) -> pd.DataFrame:
-    """One row per job of the sweep: its best (first) row, or its `error` message."""
+    """One row per job of the latest sweep into `sweep_dir`: its best (first) row, or its
+    `error` message."""
     rows: list[dict[str, Any]] = []
     outputs = [*sweep_dir.rglob(RANKED_FILE), *sweep_dir.rglob(ERROR_FILE)]
+    start = sweep_dir / SWEEP_START_FILE
+    started = start.stat().st_mtime if start.is_file() else -np.inf
+    earlier = [o for o in outputs if o.stat().st_mtime < started]
+    outputs = [o for o in outputs if o not in earlier]
     for output in sorted(outputs, key=lambda p: _job_key(sweep_dir, p)):
         job_dir = output.parent
         row: dict[str, Any] = {"job": str(job_dir.relative_to(sweep_dir)),
@@ -92,7 +110,9 @@ def collect_sweep(sweep_dir: Path) -> pd.DataFrame:
                         if recorded.get(name)})
         rows.append(row)
     # A failed job has no sizes: nullable integers keep the others' 8 from becoming 8.0.
-    return pd.DataFrame(rows).convert_dtypes()
+    table = pd.DataFrame(rows).convert_dtypes()
+    table.attrs[EARLIER_JOBS] = len(earlier)
+    return table
 
 
 def _nothing_fits(row: pd.Series) -> str:
@@ -112,7 +132,8 @@ def mfu_figure(table: pd.DataFrame) -> Figure:
     names = [f"{r['overrides'] or r['job']}" for _, r in table.iterrows()]
     empty = pd.Series(np.nan, index=table.index)
     mfu = 100 * pd.to_numeric(table.get("mfu", empty), errors="coerce").fillna(0.0).to_numpy()
-    fits = table.get("fits", empty).fillna(False).astype(bool).to_numpy()
+    fits = (table["fits"].fillna(False).astype(bool).to_numpy() if "fits" in table
+            else np.zeros(len(table), dtype=bool))  # every job failed
     failed = table.get("error", empty).notna().to_numpy()
     fig = Figure(figsize=(10, 1.5 + 0.35 * len(table)), dpi=110, layout="constrained")
     ax = fig.subplots()
@@ -133,6 +154,9 @@ def write_summary(table: pd.DataFrame, sweep_dir: Path) -> Path:
     """`multirun.csv`, `multirun_mfu.png` and `multirun.md` in the sweep directory."""
     table.to_csv(sweep_dir / "multirun.csv", index=False)
     lines = [f"# Sweep summary: {len(table)} jobs", ""]
+    if table.attrs.get(EARLIER_JOBS):
+        lines += [f"Left out: the outputs of {table.attrs[EARLIER_JOBS]} jobs of an earlier "
+                  "sweep into this directory.", ""]
     if not table.empty:
         mfu_figure(table).savefig(sweep_dir / "multirun_mfu.png")
         rows = []

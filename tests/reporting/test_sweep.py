@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,13 @@ import pandas as pd
 import yaml
 
 from layoutsearch import search
-from layoutsearch.reporting.sweep import ERROR_FILE, NOTES_FILE, collect_sweep, write_summary
+from layoutsearch.reporting.sweep import (
+    ERROR_FILE,
+    NOTES_FILE,
+    collect_sweep,
+    mark_sweep_start,
+    write_summary,
+)
 
 
 def _job(sweep: Path, name: str, overrides: list[str], rows: list[dict[str, object]]) -> None:
@@ -110,3 +117,19 @@ def test_a_rerun_forgets_the_jobs_old_outputs_and_notes_keep_their_own_keys(
     (tmp_path / "0" / ERROR_FILE).write_text("job.num_gpus=12: must be a whole number of nodes\n")
     table = collect_sweep(tmp_path)
     assert len(table) == 1 and table.loc[0, "error"].startswith("job.num_gpus=12")
+
+
+def test_outputs_older_than_the_sweep_start_are_an_earlier_sweeps(tmp_path: Path) -> None:
+    _job(tmp_path, "0", ["num_gpus=64"], [ROW])
+    _job(tmp_path, "1", ["num_gpus=128"], [{**ROW, "num_gpus": 128}])
+    for job in ("0", "1"):  # written an hour before the sweep now starting
+        os.utime(tmp_path / job / "ranked.csv", (0, (tmp_path / job).stat().st_mtime - 3600))
+    mark_sweep_start(tmp_path)
+    (tmp_path / "0" / "ranked.csv").unlink()  # job 0 ran again, with a wrong input
+    (tmp_path / "0" / ERROR_FILE).write_text("job.num_gpus=12: must be a whole number of nodes\n")
+    table = collect_sweep(tmp_path)
+    assert list(table["job"]) == ["0"] and table.attrs["earlier_jobs"] == 1
+    assert "Left out: the outputs of 1 jobs" in write_summary(table, tmp_path).read_text()
+    # A folder summarized without a start mark (a sweep of another tool) keeps every job.
+    (tmp_path / ".sweep_started").unlink()
+    assert list(collect_sweep(tmp_path)["job"]) == ["0", "1"]
