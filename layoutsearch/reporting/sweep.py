@@ -39,6 +39,9 @@ NOTE_TAGS = {"headroom_note": "tight memory", "close_call_note": "close call"}
 """`ranked.attrs` notes a job records, with the tag the sweep table shows for each."""
 NO_FIT_NOTE = "message"
 """`ranked.attrs` entry that says why nothing fits and what to change (api.search)."""
+SPACE_SIZE = "space_size"
+"""`ranked.attrs` entry: the layouts in the job's space, of which a sampling driver (optuna)
+returns only those it tried (api.search)."""
 SWEEP_START_FILE = ".sweep_started"
 """Touched in the sweep directory as a sweep starts; its time stamp, set by the same file
 system as the jobs' outputs (not by this machine's clock), dates the sweep's jobs."""
@@ -60,8 +63,9 @@ def forget_job_outputs(job_dir: Path) -> None:
 
 
 def write_notes(ranked: pd.DataFrame, job_dir: Path) -> Path:
-    """`notes.yaml`: the ranking's non-empty notes (`ranked.attrs`), by name."""
-    notes = {name: ranked.attrs[name] for name in (*NOTE_TAGS, NO_FIT_NOTE)
+    """`notes.yaml`: the ranking's non-empty notes and the size of its space
+    (`ranked.attrs`), by name."""
+    notes = {name: ranked.attrs[name] for name in (*NOTE_TAGS, NO_FIT_NOTE, SPACE_SIZE)
              if ranked.attrs.get(name)}
     path = job_dir / NOTES_FILE
     path.write_text(yaml.safe_dump(notes, sort_keys=False, width=1_000))
@@ -97,17 +101,17 @@ def collect_sweep(sweep_dir: Path) -> pd.DataFrame:
             continue
         best = ranked.iloc[0]
         row.update({c: best[c] for c in JOB_COLUMNS if c in best.index})
-        row["candidates"] = len(ranked)
+        notes = job_dir / NOTES_FILE
+        recorded = (yaml.safe_load(notes.read_text()) or {}) if notes.is_file() else {}
+        row["candidates"] = int(recorded.get(SPACE_SIZE, len(ranked)))
+        row["tried"] = len(ranked)
         row["feasible"] = int(ranked["fits"].astype(bool).sum())
         # The first row of a job where nothing fits is no answer: its figures stay out.
         fits = bool(best["fits"])
         row.update({c: best[c] for c in BEST_COLUMNS if c in best.index and (fits or c == "fits")})
         row["layout"] = label(best) if fits else ""
-        notes = job_dir / NOTES_FILE
-        if notes.is_file():
-            recorded = yaml.safe_load(notes.read_text()) or {}
-            row.update({name: recorded[name] for name in (*NOTE_TAGS, NO_FIT_NOTE)
-                        if recorded.get(name)})
+        row.update({name: recorded[name] for name in (*NOTE_TAGS, NO_FIT_NOTE)
+                    if recorded.get(name)})
         rows.append(row)
     # A failed job has no sizes: nullable integers keep the others' 8 from becoming 8.0.
     table = pd.DataFrame(rows).convert_dtypes()

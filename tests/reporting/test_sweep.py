@@ -96,7 +96,9 @@ def test_the_command_writes_the_sweep_table(tmp_path: Path) -> None:
                     tp=[1, 2], pp=[1, 2])
     assert ranked.attrs["close_call_note"] and not ranked.attrs["headroom_note"]
     notes = yaml.safe_load((tmp_path / "0" / NOTES_FILE).read_text())
-    assert notes == {"close_call_note": ranked.attrs["close_call_note"]}
+    assert notes == {"close_call_note": ranked.attrs["close_call_note"],
+                     "space_size": len(ranked)}
+    assert table.loc[0, "candidates"] == table.loc[0, "tried"] == len(ranked)  # a grid
     assert table.loc[0, "close_call_note"] == ranked.attrs["close_call_note"]
     first = next(line for line in summary.splitlines() if line.startswith("| [0](0/report.md)"))
     assert first.endswith("| close call |")
@@ -133,3 +135,11 @@ def test_outputs_older_than_the_sweep_start_are_an_earlier_sweeps(tmp_path: Path
     # A folder summarized without a start mark (a sweep of another tool) keeps every job.
     (tmp_path / ".sweep_started").unlink()
     assert list(collect_sweep(tmp_path)["job"]) == ["0", "1"]
+
+
+def test_a_sampling_jobs_space_and_its_tried_layouts_are_told_apart(tmp_path: Path) -> None:
+    # An optuna job returns the layouts it tried; its notes keep the size of its space.
+    _job(tmp_path, "0", ["driver=optuna"], [ROW, {**ROW, "tp": 2, "mfu": 0.5}])
+    (tmp_path / "0" / NOTES_FILE).write_text(yaml.safe_dump({"space_size": 2240}))
+    table = collect_sweep(tmp_path)
+    assert (table.loc[0, "candidates"], table.loc[0, "tried"]) == (2240, 2)
