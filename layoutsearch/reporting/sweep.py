@@ -131,9 +131,26 @@ def _job_key(sweep_dir: Path, output: Path) -> tuple[Any, ...]:
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts)
 
 
+BAR_LABEL_CHARACTERS = 60
+"""Longer bar labels are cut: a 10-inch chart has room for about that many beside its bars."""
+
+
+def bar_labels(table: pd.DataFrame) -> list[str]:
+    """Each job's overrides without those every job shares (a measurement file's path, say),
+    cut to BAR_LABEL_CHARACTERS; the job number where nothing is left."""
+    overrides = [str(o).split() if pd.notna(o) else [] for o in table["overrides"]]
+    shared = set.intersection(*map(set, overrides)) if len(overrides) > 1 else set()
+    labels = []
+    for job, own in zip(table["job"], overrides, strict=True):
+        text = " ".join(o for o in own if o not in shared) or f"job {job}"
+        cut = BAR_LABEL_CHARACTERS - 1
+        labels.append(text if len(text) <= BAR_LABEL_CHARACTERS else text[:cut] + "…")
+    return labels
+
+
 def mfu_figure(table: pd.DataFrame) -> Figure:
     """The best MFU of every job of the sweep as horizontal bars."""
-    names = [f"{r['overrides'] or r['job']}" for _, r in table.iterrows()]
+    names = bar_labels(table)
     empty = pd.Series(np.nan, index=table.index)
     mfu = 100 * pd.to_numeric(table.get("mfu", empty), errors="coerce").fillna(0.0).to_numpy()
     fits = (table["fits"].fillna(False).astype(bool).to_numpy() if "fits" in table

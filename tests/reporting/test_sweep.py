@@ -14,6 +14,7 @@ from layoutsearch import search
 from layoutsearch.reporting.sweep import (
     ERROR_FILE,
     NOTES_FILE,
+    bar_labels,
     collect_sweep,
     mark_sweep_start,
     write_summary,
@@ -143,3 +144,16 @@ def test_a_sampling_jobs_space_and_its_tried_layouts_are_told_apart(tmp_path: Pa
     (tmp_path / "0" / NOTES_FILE).write_text(yaml.safe_dump({"space_size": 2240}))
     table = collect_sweep(tmp_path)
     assert (table.loc[0, "candidates"], table.loc[0, "tried"]) == (2240, 2)
+
+
+def test_chart_labels_drop_the_overrides_every_job_shares() -> None:
+    path = "cost_models.path=/data/" + "x" * 80 + "/runs.csv"
+    table = pd.DataFrame({"job": [0, 1, 2], "overrides": [
+        f"num_gpus=64 {path}", f"num_gpus=128 {path}", f"num_gpus=256 {path} " + "y" * 70]})
+    labels = bar_labels(table)
+    assert labels[:2] == ["num_gpus=64", "num_gpus=128"]
+    assert len(labels[2]) == 60 and labels[2].startswith("num_gpus=256 yyy")
+    assert labels[2].endswith("…")
+    # One job shares everything with itself: its label is its own overrides.
+    assert bar_labels(table.iloc[:1]) == [f"num_gpus=64 {path}"[:59] + "…"]
+    assert bar_labels(pd.DataFrame({"job": [0], "overrides": [""]})) == ["job 0"]
