@@ -117,7 +117,7 @@ def test_time_fit_recovers_a_known_gemm_efficiency():
     fitted = fit_constants(runs, PRIOR, ["gemm_efficiency"], max_evals=40,
                            fit_memory_constants=False)
     assert fitted["a100_80gb"].gemm_efficiency == pytest.approx(0.65, rel=0.02)
-    assert fitted["h100_sxm"] == PRIOR["h100_sxm"]  # no H100 rows: left as it was
+    assert list(fitted) == ["a100_80gb"]  # no H100 rows: no H100 constants
 
 
 def test_leave_one_job_out_beats_a_wrong_prior_on_each_held_out_job():
@@ -234,6 +234,27 @@ def test_cli_writes_only_the_measured_gpu_kinds(tmp_path, capsys):
     with pytest.raises(LayoutSearchError, match="has no constants for GPU kind"):
         build_cost_model(out).score(synthetic_runs(PRIOR["a100_80gb"]).head(3).assign(
             gpu="h100_sxm"), {"h100_sxm": h100})
+
+
+def test_a_gpu_kind_with_too_few_runs_is_left_out_and_the_other_still_fitted(tmp_path, capsys):
+    runs = synthetic_runs(PRIOR["a100_80gb"])
+    # Two H100 runs beside the A100 sweeps: too few for its constants, and no reason to
+    # lose the A100 fit. Their times are the A100's, which would be far off for an H100.
+    h100 = runs[runs["status"] == "ok"].head(2).assign(gpu="h100_sxm")
+    h100["mfu"] *= 312 / 989  # the same step time, as a share of the H100's bf16 peak
+    path = tmp_path / "runs.csv"
+    pd.concat([runs, h100], ignore_index=True).to_csv(path, index=False)
+    out = tmp_path / "mine.yaml"
+    assert main([str(path), "--out", str(out), "--no-cv", "--free", "gemm_efficiency",
+                 "--max-evals", "5", "--memory-grid", "3"]) == 0
+    error = capsys.readouterr().err
+    assert ("layoutsearch-calibrate: warning: h100_sxm: 2 rows with status ok or oom for 5 "
+            "constants") in error and error.rstrip().endswith("its constants are not fitted")
+    config = yaml.safe_load(out.read_text())
+    assert list(config["gpus"]) == ["a100_80gb"] == config["provenance"]["gpus"]
+    # With the A100 rows gone too, nothing can be fitted: the error names why.
+    with pytest.raises(LayoutSearchError, match="h100_sxm: 2 rows with status ok or oom"):
+        fit_constants(h100, PRIOR, max_evals=5, memory_grid=3)
 
 
 def test_step_times_in_the_wrong_unit_are_refused_before_the_fit():

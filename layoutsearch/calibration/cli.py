@@ -12,12 +12,14 @@ and the pooled held-out figures. Writes a `cost_models/` file with the fit's pro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import shlex
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def _warnings_printed(prefix: str = "") -> Iterator[None]:
+    """Print the fit's warnings (a GPU kind left out, time constants kept) as one line each,
+    once per message, instead of Python's file-and-line form."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            for message in dict.fromkeys(str(w.message) for w in caught):
+                print(f"layoutsearch-calibrate: warning: {prefix}{message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Fit the analytic constants to measured runs; print fidelity before, after and LOJO."""
     parser = _parser()
@@ -86,11 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rows = read_measurements(args.measurements, gpus=clusters)
         base = load_constants(args.base)
-        fitted = fit_constants(rows, base, free, clusters=clusters, **settings)
+        with _warnings_printed():
+            fitted = fit_constants(rows, base, free, clusters=clusters, **settings)
     except LayoutSearchError as error:
         parser.error(str(error))
     before_table, before = scored(rows, base, clusters)
-    after_table, after = scored(rows, fitted, clusters)
+    after_table, after = scored(rows, {**base, **fitted}, clusters)
     pd.set_option("display.width", 200)
     show = ["model", "seq_length", "num_gpus", "rows", *FIDELITY_COLUMNS, "top3_hit"]
     print(f"fidelity on {args.measurements} ({len(rows)} rows), in-sample")
@@ -107,8 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "in_sample_before": _figures(before), "in_sample_after": _figures(after),
     }
     try:
-        validated = None if args.no_cv else cross_validate(rows, base, free, clusters=clusters,
-                                                           **settings)
+        with _warnings_printed(prefix="leave-one-job-out: "):
+            validated = None if args.no_cv else cross_validate(
+                rows, base, free, clusters=clusters, **settings)
     except LayoutSearchError as error:
         print(f"cross-validation skipped: {error}")
         validated = None
@@ -137,11 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "verdict": str(r["verdict"])}
             for job, r in held_out.items()}
         provenance["leave_one_job_out_pooled"] = _figures(pooled)
-    # Only the GPU kinds the measurements cover: a search on another kind then says the
-    # file has no constants for it, instead of quietly using the base's.
-    measured = sorted(set(rows["gpu"]))
-    fitted = {gpu: fitted[gpu] for gpu in measured}
-    provenance["gpus"] = measured
+    # Only the GPU kinds fitted: a search on another kind then says the file has no
+    # constants for it, instead of quietly using the base's.
+    provenance["gpus"] = sorted(fitted)
     for gpu, constants in fitted.items():
         changed = {k: round(v, 6) for k, v in constants.to_dict().items()
                    if v != getattr(base[gpu], k)}

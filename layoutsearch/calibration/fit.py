@@ -57,10 +57,12 @@ def fit_constants(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
                   fit_memory_constants: bool = True, memory_grid: int = 17,
                   clusters: Mapping[str, ClusterSpec] | None = None,
                   ) -> dict[str, AnalyticConstants]:
-    """Constants per GPU kind fitted to `rows` (validated measurement rows); others as `base`.
+    """Constants fitted to `rows` (validated measurement rows), for each GPU kind they cover.
 
     `free` names the time constants to fit (default: those that move a predicted step time
-    on these rows); memory constants are fitted unless `fit_memory_constants` is false.
+    on these rows); memory constants are fitted unless `fit_memory_constants` is false. A kind
+    with too few rows for its constants is left out with a warning that says why (a few H100
+    runs beside hundreds on A100 must not cost the A100 fit); none fitted is an error.
     """
     clusters = dict(clusters or clusters_by_gpu())
     if free is not None:
@@ -74,27 +76,43 @@ def fit_constants(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
         raise LayoutSearchError(
             f"no measured row has status ok or oom and passes the rules ({len(rows)} rows "
             f"given): calibration needs runs that finished or ran out of memory")
-    fitted = dict(base)
+    fitted: dict[str, AnalyticConstants] = {}
+    left_out: list[str] = []
     for gpu, group in usable.groupby("gpu"):
-        gpu = str(gpu)
-        if gpu not in base:
-            raise LayoutSearchError(f"the base constants have no GPU kind {gpu!r} to start from")
-        start = base[gpu]
-        if fit_memory_constants:
-            _enough_rows(gpu, "ok or oom", len(group), MEMORY_CONSTANTS, "--keep-memory")
-            start = fit_memory(group, start, clusters, grid=memory_grid).constants
-        if not (group["status"] == "ok").any():
-            # Out-of-memory rows pin the memory constants but say nothing of speed.
-            warnings.warn(f"{gpu}: no row with status ok; its time constants stay the base's",
-                          stacklevel=2)
-            fitted[gpu] = start
-            continue
-        objective = TimeObjective(group, clusters)
-        names = [n for n in free if n not in MEMORY_CONSTANTS] if free is not None else (
-            time_free(objective, start, skip=MEMORY_CONSTANTS))
-        _enough_rows(gpu, "ok", int(objective.ok.sum()), names, "--free")
-        fitted[gpu] = fit_time(objective, start, names, max_evals=max_evals)
+        try:
+            fitted[str(gpu)] = _fit_kind(str(gpu), group, base, free, clusters,
+                                         max_evals=max_evals, memory_grid=memory_grid,
+                                         fit_memory_constants=fit_memory_constants)
+        except LayoutSearchError as error:
+            left_out.append(str(error))
+    if not fitted:
+        raise LayoutSearchError("; ".join(left_out))
+    for reason in left_out:
+        warnings.warn(f"{reason}; its constants are not fitted", stacklevel=2)
     return fitted
+
+
+def _fit_kind(gpu: str, group: pd.DataFrame, base: Mapping[str, AnalyticConstants],
+              free: Sequence[str] | None, clusters: Mapping[str, ClusterSpec], *,
+              max_evals: int, memory_grid: int,
+              fit_memory_constants: bool) -> AnalyticConstants:
+    """One GPU kind's constants: memory from its ok/oom rows, then time from its ok rows."""
+    if gpu not in base:
+        raise LayoutSearchError(f"the base constants have no GPU kind {gpu!r} to start from")
+    start = base[gpu]
+    if fit_memory_constants:
+        _enough_rows(gpu, "ok or oom", len(group), MEMORY_CONSTANTS, "--keep-memory")
+        start = fit_memory(group, start, clusters, grid=memory_grid).constants
+    if not (group["status"] == "ok").any():
+        # Out-of-memory rows pin the memory constants but say nothing of speed.
+        warnings.warn(f"{gpu}: no row with status ok; its time constants stay the base's",
+                      stacklevel=3)
+        return start
+    objective = TimeObjective(group, clusters)
+    names = [n for n in free if n not in MEMORY_CONSTANTS] if free is not None else (
+        time_free(objective, start, skip=MEMORY_CONSTANTS))
+    _enough_rows(gpu, "ok", int(objective.ok.sum()), names, "--free")
+    return fit_time(objective, start, names, max_evals=max_evals)
 
 
 UNIT_TOLERANCE = 2.0
@@ -185,7 +203,8 @@ def cross_validate(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
                                fit_memory_constants=fit_memory_constants,
                                memory_grid=memory_grid, clusters=clusters)
         predicted_before = predict(held, cost_model=AnalyticCostModel(base), clusters=clusters)
-        predicted_after = predict(held, cost_model=AnalyticCostModel(fitted), clusters=clusters)
+        predicted_after = predict(held, cost_model=AnalyticCostModel({**base, **fitted}),
+                                  clusters=clusters)
         first_before = fidelity(predicted_before)[0].iloc[0]
         first_after = fidelity(predicted_after)[0].iloc[0]
         before = {c: float(first_before[c]) for c in FIDELITY_COLUMNS}
