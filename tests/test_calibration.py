@@ -257,6 +257,20 @@ def test_a_gpu_kind_with_too_few_runs_is_left_out_and_the_other_still_fitted(tmp
         fit_constants(h100, PRIOR, max_evals=5, memory_grid=3)
 
 
+def test_measured_rows_that_break_a_rule_are_named_and_left_out(tmp_path, capsys):
+    runs = synthetic_runs(PRIOR["a100_80gb"])
+    runs["attention"] = runs["attention"].astype(str)
+    runs.loc[3, "attention"] = "flash3"  # a typo: FlashAttention-3 needs a Hopper GPU
+    path = tmp_path / "runs.csv"
+    runs.to_csv(path, index=False)
+    assert main([str(path), "--out", str(tmp_path / "mine.yaml"), "--no-cv", "--free",
+                 "gemm_efficiency", "--max-evals", "5", "--memory-grid", "3"]) == 0
+    error = capsys.readouterr().err
+    assert (f"warning: 1 of {len(runs)} ok/oom rows break a rule and are left out of the fit, "
+            "e.g. row 5 (llama_7b, a100_80gb, tp ") in error
+    assert "flash3" in error.split("e.g. row 5", 1)[1]
+
+
 def test_step_times_in_the_wrong_unit_are_refused_before_the_fit():
     runs = synthetic_runs(PRIOR["a100_80gb"])
     runs["step_time_s"] *= 1000  # milliseconds

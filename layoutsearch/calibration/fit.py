@@ -38,9 +38,20 @@ FIDELITY_COLUMNS = ("fit_accuracy", "spearman", "regret_points", "mape")
 
 
 def _usable(rows: pd.DataFrame, clusters: Mapping[str, ClusterSpec]) -> pd.DataFrame:
-    """ok/oom rows that pass the rules (others say nothing about speed or memory)."""
-    keep = rows["status"].isin(["ok", "oom"]) & (violations(rows, clusters) == "")
-    return rows[keep].reset_index(drop=True)
+    """ok/oom rows that pass the rules (others say nothing about speed or memory); ok/oom
+    rows that break a rule are left out with a warning naming the first (a measured run the
+    rules reject is worth a look: a typo in the file, or a rule stricter than Megatron-LM's)."""
+    measured = rows["status"].isin(["ok", "oom"])
+    reasons = violations(rows, clusters)
+    broken = np.flatnonzero(measured & (reasons != ""))
+    if len(broken):
+        i = broken[0]
+        row = rows.iloc[i]
+        warnings.warn(
+            f"{len(broken)} of {int(measured.sum())} ok/oom rows break a rule and are left "
+            f"out of the fit, e.g. row {rows.index[i] + 2} ({row['model']}, {row['gpu']}, tp "
+            f"{row['tp']} pp {row['pp']} dp {row['dp']}): {reasons.iloc[i]}", stacklevel=3)
+    return rows[measured & (reasons == "")].reset_index(drop=True)
 
 
 def _check_names(names: Sequence[str]) -> None:
