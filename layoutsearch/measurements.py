@@ -206,6 +206,11 @@ def _check_values(t: pd.DataFrame, source: str) -> None:
                     f"does not equal num_gpus={r.num_gpus}")
 
 
+OTHER_DELIMITERS = {";": "semicolons", "\t": "tabs", "|": "vertical bars"}
+"""Separators a spreadsheet may write instead of commas (Excel in locales with decimal
+commas writes semicolons), each found in a header that parses as a single column."""
+
+
 def read_table(path: str | Path) -> pd.DataFrame:
     """A measurement file as it is, unvalidated (CSV, or Parquet by its suffix)."""
     path = Path(path)
@@ -216,7 +221,8 @@ def read_table(path: str | Path) -> pd.DataFrame:
         raise LayoutSearchError(f"measurement file {str(path)!r} does not exist")
     parquet = path.suffix.lower() in (".parquet", ".pq")
     try:
-        return pd.read_parquet(path) if parquet else pd.read_csv(path)
+        # low_memory=False: types from the whole column, not per chunk of a long file.
+        table = pd.read_parquet(path) if parquet else pd.read_csv(path, low_memory=False)
     except pd.errors.EmptyDataError:
         raise LayoutSearchError(
             f"measurement file {str(path)!r} is empty: it needs a header line with the "
@@ -229,6 +235,15 @@ def read_table(path: str | Path) -> pd.DataFrame:
             f"measurement file {str(path)!r} cannot be read as {kind} "
             f"({type(error).__name__}: {error})"
         ) from None
+    if not parquet and len(table.columns) == 1:
+        header = str(table.columns[0])
+        other = next((name for mark, name in OTHER_DELIMITERS.items() if mark in header), None)
+        if other:
+            raise LayoutSearchError(
+                f"measurement file {str(path)!r} is separated by {other}, not commas (its "
+                f"header reads {header[:60]!r}...): save it as comma-separated CSV with "
+                "decimal points (pandas: to_csv(path, index=False))")
+    return table
 
 
 def read_measurements(path: str | Path, gpus: Collection[str] | None = None) -> pd.DataFrame:

@@ -190,6 +190,21 @@ def test_an_unreadable_file_is_named_with_its_format(
         read_measurements(path)
 
 
+@pytest.mark.parametrize(("sep", "decimal", "named"), [
+    (";", ",", "semicolons"), ("\t", ".", "tabs")])
+def test_a_file_separated_otherwise_than_by_commas_says_so(
+    tmp_path: Path, measurement_row: dict[str, Any], sep: str, decimal: str, named: str
+) -> None:
+    # Excel in locales with decimal commas saves "CSV" with semicolons: before, every
+    # required column was reported missing.
+    path = tmp_path / "runs.csv"
+    pd.DataFrame(three_rows(measurement_row)).to_csv(path, sep=sep, decimal=decimal,
+                                                     index=False)
+    with pytest.raises(LayoutSearchError, match=rf"runs.csv' is separated by {named}, not "
+                       r"commas \(its header reads 'model.*save it as comma-separated"):
+        read_measurements(path)
+
+
 def test_ok_run_needs_a_step_time(measurement_row: dict[str, Any]) -> None:
     frame = pd.DataFrame([{**measurement_row, "step_time_s": None}])
     with pytest.raises(LayoutSearchError, match=r"my runs: row 2, column 'step_time_s': an "

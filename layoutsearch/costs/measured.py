@@ -30,6 +30,7 @@ from layoutsearch.measurements import (
     MEASUREMENT_KEY,
     OPTIONAL_DEFAULTS,
     REQUIRED_COLUMNS,
+    read_table,
     validate_measurements,
 )
 from layoutsearch.megatron.args import command_of_row, job_of_row
@@ -77,7 +78,7 @@ class MeasurementFile:
         """Rows already measured, by measurement key (the last of repeated rows wins)."""
         if not self.path.is_file() or self.path.stat().st_size == 0:
             return {}
-        rows = validate_measurements(pd.read_csv(self.path), source=str(self.path))
+        rows = validate_measurements(read_table(self.path), source=str(self.path))
         records = [{str(k): v for k, v in r.items()} for r in rows.to_dict("records")]
         return {measurement_key(r): r for r in records}
 

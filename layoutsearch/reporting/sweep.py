@@ -95,7 +95,7 @@ def collect_sweep(sweep_dir: Path) -> pd.DataFrame:
         if output.name == ERROR_FILE:
             rows.append({**row, "error": output.read_text().strip()})
             continue
-        ranked = pd.read_csv(output)
+        ranked = pd.read_csv(output, low_memory=False)  # types from whole columns
         if ranked.empty:
             rows.append(row)
             continue
