@@ -185,6 +185,18 @@ def test_a_study_resumes_from_its_storage(tmp_path: Path, counting: CountingMode
     assert len(counting.priced()) == len(set(counting.priced())) == 25
 
 
+def test_a_resumed_studys_progress_counts_from_what_it_already_priced(
+        tmp_path: Path, counting: CountingModel, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path}/study.db"
+    OptunaDriver(n_trials=10, storage=url, progress=False).run(make_problem(counting))
+    ranked = OptunaDriver(n_trials=25, storage=url, progress=True).run(make_problem(counting))
+    lines = [line for line in capsys.readouterr().err.split("\r") if line.strip()]
+    assert lines[0].startswith("optuna: 10/25 layouts priced · best MFU ")
+    assert lines[-1].startswith("optuna: 25/25 layouts priced · best MFU ")
+    best = ranked.loc[ranked["fits"], "mfu"].max()
+    assert f"best MFU {100 * best:.1f} %" in lines[-1]
+
+
 def test_a_study_made_for_another_job_or_space_is_refused(tmp_path: Path,
                                                           counting: CountingModel) -> None:
     url = f"sqlite:///{tmp_path}/study.db"

@@ -125,6 +125,9 @@ class Worker:
     def run(self) -> None:
         deadline = time.monotonic() + (self.driver.timeout or math.inf)
         with self.progress:
+            earlier = self.driver.results(self.study, self.problem, self.index)
+            if len(earlier):  # a resumed study: its best so far, and the count from there
+                self.progress.update(earlier)
             while not self.done() and time.monotonic() < deadline:
                 if self.budget is not None and not self.budget.take():
                     if not self.others_running():
@@ -150,6 +153,7 @@ class Worker:
     def done(self) -> bool:
         trials = self.study.get_trials(deepcopy=False)
         evaluations = [t for t in trials if is_evaluation(t)]
+        self.progress.done = len(evaluations)  # the study's, by every worker, not this one's
         budget = self.driver.n_trials
         if budget is not None and len(evaluations) >= budget:
             return True
