@@ -10,6 +10,7 @@ tp 4 lies between 2 and 8.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import optuna
-from optuna.storages import BaseStorage
+from optuna.storages import BaseStorage, InMemoryStorage
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from layoutsearch.drivers.layout_index import LayoutIndex
@@ -138,12 +139,18 @@ class Worker:
                 try:
                     trial = self.study.ask()
                     trial.set_user_attr("worker", self.worker)
-                    with Heartbeat(trial):
+                    with self.heartbeat(trial):
                         state, values = self.answer(trial)
                     self.study.tell(trial, values, state=state)
                 finally:
                     if self.budget is not None and self.evaluations == started:
                         self.budget.give_back()
+
+    def heartbeat(self, trial: Trial) -> contextlib.AbstractContextManager[object]:
+        """Stamps for a trial other processes could see; an in-memory study has none."""
+        if isinstance(self.storage, InMemoryStorage):
+            return contextlib.nullcontext()
+        return Heartbeat(trial)
 
     def others_running(self) -> bool:
         """Whether a live worker has a trial in flight (which may hand back its share)."""
