@@ -86,8 +86,9 @@ def collect_sweep(sweep_dir: Path) -> pd.DataFrame:
     outputs = [*sweep_dir.rglob(RANKED_FILE), *sweep_dir.rglob(ERROR_FILE)]
     start = sweep_dir / SWEEP_START_FILE
     started = start.stat().st_mtime if start.is_file() else -np.inf
-    earlier = [o for o in outputs if o.stat().st_mtime < started]
-    outputs = [o for o in outputs if o not in earlier]
+    current = [o for o in outputs if o.stat().st_mtime >= started]
+    earlier = len(outputs) - len(current)
+    outputs = current
     for output in sorted(outputs, key=lambda p: _job_key(sweep_dir, p)):
         job_dir = output.parent
         row: dict[str, Any] = {"job": str(job_dir.relative_to(sweep_dir)),
@@ -115,7 +116,7 @@ def collect_sweep(sweep_dir: Path) -> pd.DataFrame:
         rows.append(row)
     # A failed job has no sizes: nullable integers keep the others' 8 from becoming 8.0.
     table = pd.DataFrame(rows).convert_dtypes()
-    table.attrs[EARLIER_JOBS] = len(earlier)
+    table.attrs[EARLIER_JOBS] = earlier
     return table
 
 
