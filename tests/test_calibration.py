@@ -21,9 +21,16 @@ from layoutsearch.calibration import (
     fit_memory,
     main,
     nelder_mead,
+    timing,
 )
 from layoutsearch.calibration.memory import best_overhead
-from layoutsearch.calibration.timing import PRIOR_SPREAD
+from layoutsearch.calibration.timing import (
+    DISORDER_WEIGHT,
+    DISORDER_WIDTH,
+    PRIOR_SPREAD,
+    REGRET_WEIGHT,
+    TimeObjective,
+)
 from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
 from layoutsearch.costs import build_cost_model
 from layoutsearch.costs.analytic import AnalyticCostModel
@@ -118,6 +125,39 @@ def test_time_fit_recovers_a_known_gemm_efficiency():
                            fit_memory_constants=False)
     assert fitted["a100_80gb"].gemm_efficiency == pytest.approx(0.65, rel=0.02)
     assert list(fitted) == ["a100_80gb"]  # no H100 rows: no H100 constants
+
+
+def test_time_loss_charges_a_pair_predicted_in_the_wrong_order(monkeypatch):
+    runs = synthetic_runs(PRIOR["a100_80gb"])
+    ok = runs[(runs["status"] == "ok") & (runs["model"] == "llama_7b")]
+    pair = ok.sort_values("step_time_s").iloc[[0, -1]].reset_index(drop=True)
+    log_fast, log_slow = np.log(pair["step_time_s"])
+    gap = log_slow - log_fast
+    objective = TimeObjective(pair, clusters_by_gpu())
+    # Both predictions are off by `offset` in log time on each run (the same squared error);
+    # one spreads the runs apart, the other swaps them by half their gap.
+    offset = 0.75 * gap
+    apart = np.exp([log_fast - offset, log_slow + offset])
+    swapped = np.exp([log_fast + offset, log_slow - offset])
+
+    def loss_of(predicted: np.ndarray) -> float:
+        class Predicted(AnalyticCostModel):
+            def score(self, table, clusters):  # type: ignore[no-untyped-def]
+                return pd.DataFrame({"step_time_s": predicted, "fits": True})
+        monkeypatch.setattr(timing, "AnalyticCostModel", Predicted)
+        return objective(PRIOR["a100_80gb"])
+
+    # The swap pays the log-time it is wrong by, 2·offset − gap, smoothed over DISORDER_WIDTH,
+    # and the regret of picking the slower run; spreading apart pays next to nothing.
+    def disorder(predicted_gap: float) -> float:
+        return DISORDER_WEIGHT * DISORDER_WIDTH * float(np.logaddexp(0, -predicted_gap
+                                                                        / DISORDER_WIDTH))
+    regret = REGRET_WEIGHT * 100 * (pair["mfu"].iloc[0] - pair["mfu"].iloc[1])
+    assert loss_of(apart) == pytest.approx(offset ** 2 + disorder(gap + 2 * offset), rel=1e-9)
+    assert loss_of(swapped) == pytest.approx(
+        offset ** 2 + disorder(gap - 2 * offset) + regret, rel=1e-9)
+    assert disorder(gap + 2 * offset) < 1e-9
+    assert 0 < disorder(gap - 2 * offset) - (2 * offset - gap) < DISORDER_WIDTH * np.log(2)
 
 
 def test_leave_one_job_out_beats_a_wrong_prior_on_each_held_out_job():

@@ -117,8 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "data": str(Path(args.measurements).resolve()), "date": datetime.date.today().isoformat(),
         "rows": len(rows), "base": args.base, "free": free or "default",
         "method": "memory constants: fewest wrong ok/oom calls, widest margin (grid); time "
-                  "constants: squared log step-time error + per-job rank and regret "
-                  "penalties + log-normal pull to the base (coordinate scan, Nelder-Mead), "
+                  "constants: squared log step-time error + per-job pair-order and "
+                  "regret penalties + log-normal pull to the base (coordinate scan, Nelder-Mead), "
                   "within physical and published bounds",
         "in_sample_before": _figures(before), "in_sample_after": _figures(after),
     }
