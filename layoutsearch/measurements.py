@@ -168,6 +168,9 @@ def _first(mask: pd.Series | np.ndarray) -> int:
 
 
 def _check_values(t: pd.DataFrame, source: str) -> None:
+    ran = t["status"] == "ok"
+    step_in_range = t["step_time_s"] > 0
+    mfu_in_range = (t["mfu"] > 0) & (t["mfu"] <= 1)
     checks: list[tuple[str, pd.Series, str]] = [
         ("attention", ~t["attention"].isin(ATTENTION_KERNELS),
          f"must be one of {', '.join(ATTENTION_KERNELS)}"),
@@ -180,10 +183,14 @@ def _check_values(t: pd.DataFrame, source: str) -> None:
         ("num_gpus",
          (t["num_gpus"] > t["gpus_per_node"]) & (t["num_gpus"] % t["gpus_per_node"] != 0),
          "must be a whole number of nodes of gpus_per_node ({gpus_per_node}) GPUs"),
-        ("step_time_s", (t["status"] == "ok") & ~(t["step_time_s"] > 0),
+        ("step_time_s", ran & ~step_in_range,
          "must be a positive number of seconds for a run with status ok"),
-        ("mfu", (t["status"] == "ok") & ~((t["mfu"] > 0) & (t["mfu"] <= 1)),
-         "must be in (0, 1] for a run with status ok"),
+        ("mfu", ran & ~mfu_in_range, "must be in (0, 1] for a run with status ok"),
+        # Other runs leave both empty; a figure given anyway still has to be one.
+        ("step_time_s", ~ran & t["step_time_s"].notna() & ~step_in_range,
+         "must be a positive number of seconds or empty (a run with status {status})"),
+        ("mfu", ~ran & t["mfu"].notna() & ~mfu_in_range,
+         "must be in (0, 1] or empty (a run with status {status})"),
         # The shape rules of ModelSpec, so that a typo in a model column is caught here.
         ("hidden_size", t["hidden_size"] % t["num_attention_heads"] != 0,
          "must divide by num_attention_heads ({num_attention_heads})"),

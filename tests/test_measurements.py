@@ -127,6 +127,8 @@ def test_a_folder_is_not_a_measurement_file(tmp_path: Path) -> None:
         ("recompute", "half", r"'half' must be one of none"),
         ("status", "crashed", r"'crashed' must be one of ok, oom"),
         ("mfu", 1.5, r"1\.5 must be in \(0, 1\] for a run with status ok"),
+        ("step_time_s", -3.0, r"-3\.0 must be a positive number of seconds for a run with "
+         "status ok"),
         ("dp", 8, r"tp·pp·cp·dp = 4·1·1·8 = 32 does not equal num_gpus=64"),
         ("hidden_size", 5121, r"5121 must divide by num_attention_heads \(40\)"),
         ("num_query_groups", 3, r"3 does not divide num_attention_heads \(40\)"),
@@ -144,6 +146,26 @@ def test_bad_values_name_row_and_column(
     with pytest.raises(LayoutSearchError, match=rf"row 4, column '{column}': {message}") as error:
         read_measurements(path)
     assert str(path) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "message"),
+    [
+        ("mfu", 45.0, r"45\.0 must be in \(0, 1\] or empty \(a run with status oom\)"),
+        ("step_time_s", 0, r"0\.0 must be a positive number of seconds or empty \(a run with "
+         r"status oom\)"),
+    ],
+)
+def test_a_figure_on_a_run_that_did_not_finish_is_still_checked(
+    tmp_path: Path, measurement_row: dict[str, Any], column: str, value: Any, message: str
+) -> None:
+    rows = three_rows(measurement_row)
+    rows[1][column] = value  # the oom run: line 3 of the file
+    with pytest.raises(LayoutSearchError, match=rf"row 3, column '{column}': {message}"):
+        read_measurements(write(tmp_path, rows))
+    # A figure in range is kept as given (a run that died after logging a few steps).
+    rows[1][column] = 0.4
+    assert read_measurements(write(tmp_path, rows))[column].iloc[1] == 0.4
 
 
 def test_gpu_kinds_a_cost_model_cannot_price_are_named(
