@@ -189,7 +189,9 @@ def predict(
     """The rows of a measurement-schema frame (or file) with the cost model's predictions.
 
     Adds `predicted_mfu`, `predicted_step_time_s`, `predicted_peak_memory_gib`,
-    `predicted_fits` and `predicted_reason`; the given columns are left as they were.
+    `predicted_fits` and `predicted_reason`; the given columns are left as they were. A
+    frame that already holds these (a notebook cell run again) gets them replaced: rename
+    them first to compare two cost models side by side.
     """
     if isinstance(frame, str | Path):
         source = str(frame)

@@ -14,6 +14,7 @@ import pytest
 import layoutsearch
 from layoutsearch import LayoutSearchError, ModelSpec, NoLayoutFitsWarning, predict, search
 from layoutsearch.costs import ReplayCostModel
+from layoutsearch.costs.constants import load_constants
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.paths import config_dir
 
@@ -282,6 +283,16 @@ def test_predict_adds_columns_and_changes_nothing(measured: pd.DataFrame) -> Non
     assert not out.loc[13, "predicted_fits"]
     assert "flash3 needs a Hopper GPU" in out.loc[13, "predicted_reason"]
     assert out.loc[10, "predicted_mfu"] > 0
+
+
+def test_predict_again_replaces_its_own_columns(measured: pd.DataFrame) -> None:
+    once = predict(measured)
+    slower = {"_target_": "layoutsearch.costs.analytic.AnalyticCostModel",
+              "gpus": {"a100_80gb": {**load_constants("analytic")["a100_80gb"].to_dict(),
+                                     "gemm_efficiency": 0.3}}}
+    again = predict(once, cost_model=slower)  # a notebook cell run again with other constants
+    assert list(again.columns) == list(once.columns)
+    assert again.loc[10, "predicted_mfu"] < once.loc[10, "predicted_mfu"]
 
 
 def test_predict_reads_a_file(tmp_path: Path, measured: pd.DataFrame) -> None:
