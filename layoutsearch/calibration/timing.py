@@ -5,9 +5,9 @@ The loss of one GPU kind's rows: the squared log error of the step time over `ok
 pairs of runs predicted in the wrong order (a smooth stand-in for Spearman's ρ, below) and
 for the top-1 regret of the pick among rows predicted to fit (an `oom` pick scores 0,
 docs/fidelity.md), plus a weak log-normal pull towards the starting constants, as wide as
-each constant's a-priori uncertainty. Memory constants are fitted
-before (memory.py) and stay fixed here, so the go/no-go calls the regret sees do not move.
-Constants are searched by Nelder-Mead inside their physical and published bounds (bounds.py).
+each constant's a-priori uncertainty. Memory constants are fitted before (memory.py) and
+stay fixed here, so the go/no-go calls the regret sees do not move. Constants are searched
+by Nelder-Mead inside their physical and published bounds (bounds.py).
 
     objective = TimeObjective(rows, clusters)
     constants = fit_time(objective, start, ["gemm_efficiency", "network_efficiency"])
