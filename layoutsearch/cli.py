@@ -90,8 +90,12 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in GROUP_DIRS[group]().glob("*.yaml"))
 
 
-def run(config: Mapping[str, Any], output_dir: Path) -> pd.DataFrame:
-    """Search the job a composed config describes; print the report, write `ranked.csv`."""
+def run(config: Mapping[str, Any], output_dir: Path,
+        cost_model_name: str = "cost_models") -> pd.DataFrame:
+    """Search the job a composed config describes; print the report, write `ranked.csv`.
+
+    `cost_model_name` is how messages name the cost-model config ("cost_models=analytic").
+    """
     model = model_from_dict(config["model"])
     cluster = cluster_from_dict(config["cluster"])
     space = SearchSpace.from_dict(config["search_spaces"])
@@ -99,8 +103,10 @@ def run(config: Mapping[str, Any], output_dir: Path) -> pd.DataFrame:
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise LayoutSearchError(f"top_k={top_k!r}: must be a positive integer (rows printed)")
     emit = config.get("emit")
+    if emit is not None and not isinstance(emit, str):
+        raise LayoutSearchError(f"emit={emit!r}: must be one name, one of {', '.join(EMITTERS)}")
     if emit is not None and emit not in EMITTERS:
-        raise LayoutSearchError(unknown_name_message("emit", str(emit), EMITTERS))
+        raise LayoutSearchError(unknown_name_message("emit", emit, EMITTERS))
     with warnings.catch_warnings():  # printed below as the frame's message instead
         warnings.simplefilter("ignore", NoLayoutFitsWarning)
         ranked = search(
@@ -110,7 +116,7 @@ def run(config: Mapping[str, Any], output_dir: Path) -> pd.DataFrame:
             seq_length=config["seq_length"],
             global_batch_size=config["global_batch_size"],
             search_space=space,
-            cost_model=build_cost_model(config["cost_models"]),
+            cost_model=build_cost_model(config["cost_models"], name=cost_model_name),
             driver=build_driver(config["driver"]),
             megatron=config.get("megatron"),
         )
@@ -388,7 +394,8 @@ def _app(cfg: DictConfig) -> None:
     output_dir = Path(hydra_config.runtime.output_dir)
     forget_job_outputs(output_dir)
     try:
-        ranked = run(resolved(cfg), output_dir)
+        choice = hydra_config.runtime.choices.get("cost_models")
+        ranked = run(resolved(cfg), output_dir, cost_model_name=f"cost_models={choice}")
     except LayoutSearchError as error:
         if hydra_config.mode != RunMode.MULTIRUN:
             _fail(error)

@@ -270,7 +270,21 @@ def test_nothing_fits_exits_3_so_a_launch_script_stops(tmp_path: Path) -> None:
     assert done.returncode == 3, done.stderr
     assert "no layout fits" in done.stdout and "Traceback" not in done.stderr
     assert (tmp_path / "run" / "ranked.csv").is_file()  # the outputs are still written
-    assert "wrote 0 Megatron-LM launch scripts" in done.stdout
+    assert "wrote no Megatron-LM launch scripts: no layout fits" in done.stdout
+    assert not (tmp_path / "run" / "megatron").exists()
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("emit=[megatron]", "emit=['megatron']: must be one name, one of megatron"),
+    ("megatron=123", "megatron=123: must be a name of the cost_models/ folder"),
+    ("cluster.gpu.name=b200", "cost model 'cost_models=analytic' has no constants for GPU "
+                              "kind(s) b200"),
+])
+def test_a_wrong_setting_value_is_named_without_a_traceback(tmp_path: Path, override: str,
+                                                              message: str) -> None:
+    done = layoutsearch(override, FAST, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_sweep_with_a_job_that_fits_nowhere_exits_0(tmp_path: Path) -> None:

@@ -34,9 +34,14 @@ COST_MODEL_TARGETS: dict[str, Factory] = {
 
 
 def build_cost_model(
-    spec: str | Path | Mapping[str, Any] | CostModel, **settings: Any
+    spec: str | Path | Mapping[str, Any] | CostModel, *, name: str | None = None,
+    **settings: Any,
 ) -> CostModel:
-    """A cost model from a config name, a YAML path, a config mapping or an instance."""
+    """A cost model from a config name, a YAML path, a config mapping or an instance.
+
+    `name` is how messages call a mapping (e.g. "cost_models=analytic", the option Hydra
+    composed it from); a name or path names itself.
+    """
     if isinstance(spec, CostModel) and not isinstance(spec, str | Path | Mapping):
         if settings:
             raise LayoutSearchError(
@@ -49,7 +54,7 @@ def build_cost_model(
             config = dict(yaml.safe_load(handle) or {})
         source = str(spec)
     elif isinstance(spec, Mapping):
-        config, source = dict(spec), "cost model config"
+        config, source = dict(spec), name or "cost model config"
     else:
         raise LayoutSearchError(
             f"cost_model={spec!r}: must be a name (e.g. 'analytic'), a YAML path, a config "

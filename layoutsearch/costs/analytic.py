@@ -84,7 +84,9 @@ class AnalyticCostModel:
         if missing:
             raise LayoutSearchError(
                 f"cost model {self.source or self.name!r} has no constants for GPU kind(s) "
-                f"{', '.join(sorted(missing))}; it covers {', '.join(sorted(self.constants))}"
+                f"{', '.join(sorted(missing))}; it covers {', '.join(sorted(self.constants))}."
+                f" Add them to a copy of cost_models/analytic_prior.yaml (its comments say "
+                f"where each value comes from) and name that copy as the cost model"
             )
         out: dict[str, Array] = {}
         for field in AnalyticConstants.__dataclass_fields__:

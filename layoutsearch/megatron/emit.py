@@ -52,23 +52,39 @@ def with_megatron_args(ranked: pd.DataFrame, job: Job, settings: SettingsSpec = 
 
 def write_launch_scripts(ranked: pd.DataFrame, job: Job, out_dir: str | Path,
                          top_k: int = 5, settings: SettingsSpec = None) -> list[Path]:
-    """Launch scripts for the `top_k` best feasible rows: torchrun (one node) or sbatch."""
+    """Launch scripts for the `top_k` best feasible rows with distinct commands: torchrun
+    (one node) or sbatch.
+
+    A row whose command is the same as a better row's (e.g. flash1 and flash2, both
+    `--attention-backend flash`) gets no script of its own: it would measure the same run
+    twice. That script's comment names it, and the next distinct row takes its place. A
+    script's file name starts with its row's rank among the feasible rows ("03_…").
+    """
     if top_k <= 0:
         raise LayoutSearchError(f"top_k={top_k!r}: must be a positive integer")
     resolved = resolve_settings(settings)
     feasible = ranked[ranked["fits"].astype(bool)] if "fits" in ranked.columns else ranked
-    paths: list[Path] = []
-    records = [{str(k): v for k, v in r.items()} for r in feasible.head(top_k).to_dict("records")]
+    chosen: dict[tuple[Any, ...], tuple[int, dict[str, Any], MegatronCommand, list[str]]] = {}
+    records = ({str(k): v for k, v in r.items()} for r in feasible.to_dict("records"))
     for rank, row in enumerate(records, start=1):
         command = _command(row, job, resolved)
         if command is None:
             continue
+        key = (command.argv, tuple(sorted(command.env.items())))
+        if key in chosen:
+            chosen[key][3].append(f"rank {rank} ({Layout.from_row(row).describe()})")
+        elif len(chosen) < top_k:
+            chosen[key] = (rank, row, command, [])
+    paths: list[Path] = []
+    for rank, row, command, twins in chosen.values():
         layout = Layout.from_row(row)
         name = f"{rank:02d}_" + layout.describe().replace(" ", "_").replace("=", "-") \
             .replace("+", "-")
         mfu = row.get("mfu")
         label = f"rank {rank}: {layout.describe()}" + (
             f" (predicted MFU {float(mfu):.3f})" if pd.notna(mfu) else "")
+        if twins:
+            label += "; the same command runs " + ", ".join(twins)
         # The predicted step time sizes the sbatch time limit (s); none when unpredicted.
         step = row.get("step_time_s")
         step_time_s = float(step) if pd.notna(step) else None
@@ -87,9 +103,17 @@ def emit_megatron(ranked: pd.DataFrame, output_dir: Path, top_k: int = 5) -> Non
     job, settings = ranked.attrs.get("job"), ranked.attrs.get("megatron_settings")
     if not isinstance(job, Job) or not isinstance(settings, MegatronSettings):
         raise LayoutSearchError("emit=megatron needs a ranking made by layoutsearch.search")
+    if not ranked["fits"].astype(bool).any():
+        print("wrote no Megatron-LM launch scripts: no layout fits")
+        return
     paths = write_launch_scripts(ranked, job, Path(output_dir) / "megatron", top_k=top_k,
                                  settings=settings)
-    print(f"wrote {len(paths)} Megatron-LM launch scripts to {Path(output_dir) / 'megatron'}")
+    ranks = [int(path.name.split("_", 1)[0]) for path in paths]
+    merged = max(ranks) - len(ranks)
+    same = (f"; {merged} layouts ranked among them run the same command as a better one "
+            f"and got no script of their own") if merged else ""
+    print(f"wrote {len(paths)} Megatron-LM launch scripts to "
+          f"{Path(output_dir) / 'megatron'}{same}")
     if paths and not settings.script_path.is_file():
         # Scripts are often written where they are not run (a laptop, a login node): say
         # where they will look, not fail.

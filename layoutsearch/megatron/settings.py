@@ -169,4 +169,8 @@ def resolve_settings(spec: str | Path | Mapping[str, Any] | MegatronSettings | N
         return spec
     if isinstance(spec, Mapping):
         return MegatronSettings.from_dict(spec)
+    if not isinstance(spec, str | Path):
+        raise LayoutSearchError(
+            f"megatron={spec!r}: must be a name of the cost_models/ folder (e.g. 'megatron'), "
+            "the path of a YAML file of Megatron-LM settings, or a mapping of them")
     return MegatronSettings.load(spec)

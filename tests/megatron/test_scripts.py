@@ -494,3 +494,24 @@ def test_slurm_launcher_time_limit_rounds_up_and_the_users_wins(tmp_path):
         Trial(name="t", command=command, log_path=tmp_path / "t.log", step_time_s=207.0))
     parameters, _, _ = FakeExecutor.submitted[-1]
     assert (parameters["timeout_min"], parameters["name"]) == (30, "mine")
+
+
+def test_layouts_that_share_a_command_share_one_script(tmp_path):
+    # flash1 and flash2 are one Megatron-LM command (--attention-backend flash): measuring
+    # both would run the same trial twice.
+    ranked = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=2048,
+                                 global_batch_size=2048, vocab_size=128000,
+                                 attention=["flash1", "flash2"], rmsnorm_kernel=[True])
+    paths = write_launch_scripts(ranked, ranked.attrs["job"], tmp_path, top_k=3)
+    commands = [p.read_text().strip().splitlines()[-1] for p in paths]
+    assert len(paths) == 3 and len(set(commands)) == 3
+    feasible = ranked[ranked["fits"]].reset_index(drop=True)
+    first = feasible.iloc[0]
+    twin = feasible[(feasible["tp"] == first["tp"]) & (feasible["pp"] == first["pp"])
+                    & (feasible["micro_batch_size"] == first["micro_batch_size"])
+                    & (feasible["recompute"] == first["recompute"])
+                    & (feasible["attention"] != first["attention"])].index[0]
+    assert f"the same command runs rank {twin + 1} (" in paths[0].read_text()
+    # Ranks in the file names skip the rows that got no script of their own.
+    ranks = [int(p.name[:2]) for p in paths]
+    assert ranks[0] == 1 and ranks == sorted(ranks) and ranks[-1] > 3
