@@ -29,7 +29,14 @@ from layoutsearch.megatron.args import build_command
 from layoutsearch.megatron.emit import SettingsSpec
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.problem import SearchProblem
-from layoutsearch.results import close_call_note, headroom_note, no_fit_message, rank
+from layoutsearch.results import (
+    close_call_note,
+    fabric_note,
+    headroom_note,
+    mfu_convention_note,
+    no_fit_message,
+    rank,
+)
 from layoutsearch.rules import violations
 from layoutsearch.space import KNOBS, SearchSpace
 from layoutsearch.specs import ClusterSpec, Job, ModelSpec
@@ -145,6 +152,8 @@ def search(
     ranked.attrs["message"] = message or ""
     ranked.attrs["headroom_note"] = headroom_note(ranked)
     ranked.attrs["close_call_note"] = _close_call_note(ranked, scorer, searcher, job)
+    ranked.attrs["mfu_convention_note"] = mfu_convention_note(ranked, job)
+    ranked.attrs["fabric_note"] = _fabric_note(ranked, scorer, job)
     if message:
         warnings.warn(message, NoLayoutFitsWarning, stacklevel=2)
     return ranked
@@ -168,6 +177,19 @@ def _close_call_note(ranked: pd.DataFrame, scorer: CostModel, searcher: Driver, 
     # A layout's command caveats (e.g. flash1) come from the layout and model alone.
     return close_call_note(ranked, prescreen=lambda: _constants_name(scorer),
                            launchable=lambda row: build_command(Layout.from_row(row), job).exact)
+
+
+def _fabric_note(ranked: pd.DataFrame, scorer: CostModel, job: Job) -> str:
+    """The slow-fabric note of an analytic ranking ("" for measured MFUs, which carry the
+    fabric they ran on)."""
+    if not isinstance(scorer, AnalyticCostModel):
+        return ""
+    constants = scorer.constants.get(job.cluster.gpu.name)
+    if constants is None:
+        return ""
+    name = scorer.config_name()
+    label = f"cost_models={name}" if name else f"the cost model {scorer.source or 'given'}"
+    return fabric_note(ranked, constants.network_efficiency, label)
 
 
 def _constants_name(model: AnalyticCostModel) -> str:

@@ -98,6 +98,73 @@ def close_call_note(ranked: pd.DataFrame, *,
             f"cost_models.prescreen={prescreen()} cost_models.top_k={trials}{launcher}.")
 
 
+MASKED_ATTENTION_SHARE = 0.2
+"""Share of the study's counted FLOPs per token that is the masked half of causal attention
+from which a ranking says how its MFU reads: about seq_length 20k for an 8B model, 40k for
+a 70B (below it the two conventions differ by under 10 %)."""
+
+
+def mfu_convention_note(ranked: pd.DataFrame, job: Job) -> str:
+    """How the study's MFU reads at long context, with the best layout's MFU by Megatron-LM's
+    count; "" when the masked half of attention is a small share of the counted FLOPs.
+
+    The study's formula (6N + 12·L·h·s per token, DOMAIN.md §2) counts the full s×s
+    attention, of which a causal model computes half: at long context MFU overstates the
+    work done and can pass 1. The FLOPs per token do not depend on the layout, so the
+    ranking is the same under either count.
+    """
+    if ranked.empty or not bool(ranked["fits"].iloc[0]) or pd.isna(ranked["mfu"].iloc[0]):
+        return ""
+    model, seq = job.model, job.seq_length
+    counted = model.paper_flops_per_token(seq)
+    share = 6.0 * model.num_layers * model.hidden_size * seq / counted
+    best = float(ranked["mfu"].iloc[0])
+    if share < MASKED_ATTENTION_SHARE and best <= 1.0:
+        return ""
+    megatron = best * model.megatron_flops_per_token(seq) / counted
+    past_one = f" (the best layout's is {best:.3f})" if best > 1.0 else ""
+    return (f"MFU here is the study's, 6N + 12·L·h·s FLOPs per token, which counts the masked "
+            f"half of causal attention: at seq_length {seq} that half is {100 * share:.0f} % "
+            f"of the FLOPs counted, so MFU overstates the work done and can pass 1{past_one}. "
+            f"By Megatron-LM's count (core >= 0.12: per matmul, causal attention halved) the "
+            f"best layout's MFU is {megatron:.3f}; the ranking is the same under either.")
+
+
+SLOW_FABRIC_EFFICIENCY = 0.3
+"""`network_efficiency` below which a ranking says its constants price a slow fabric:
+nccl-tests reach 80-90 % of the NICs' rate on a healthy InfiniBand fabric
+(cost_models/analytic_prior.yaml); the study's cluster, fitted, gave 5 %."""
+NETWORK_SHARE = 0.05
+"""Share of the best layout's step in inter-node traffic (exposed data-parallel and pipeline
+communication) from which the fabric's speed can change the ranking."""
+
+
+def fabric_note(ranked: pd.DataFrame, network_efficiency: float, constants: str) -> str:
+    """A note when the cost model prices inter-node traffic far below the NICs' rate and
+    that traffic is a real part of the best layout's step; "" otherwise.
+
+    `constants` names where `network_efficiency` comes from (a `cost_models=` option).
+    """
+    if (network_efficiency >= SLOW_FABRIC_EFFICIENCY or ranked.empty
+            or not bool(ranked["fits"].iloc[0])):
+        return ""
+    best = ranked.iloc[0]
+    if int(best["num_gpus"]) <= int(best["gpus_per_node"]):
+        return ""  # one node: its traffic stays on NVLink
+    network = sum(float(best.get(c, np.nan)) for c in ("time_dp_comm_s", "time_pp_comm_s"))
+    step = float(best["step_time_s"])
+    if not network >= NETWORK_SHARE * step:  # also NaN: no breakdown to judge by
+        return ""
+    gpu = str(best["gpu"])
+    return (f"{constants} prices inter-node traffic on {gpu} at {100 * network_efficiency:.0f}"
+            f" % of the NICs' rate (network_efficiency {network_efficiency:g}: the fabric its "
+            f"constants describe; the shipped analytic constants have it from the study's "
+            f"cluster), and that traffic is {network:.2f} s of the best layout's {step:.2f} s "
+            f"step. On a fabric that reaches nccl-tests' rates (80-90 %) the ranking may "
+            f"differ: rank with cost_models=analytic_prior, or fit the constants to a few runs "
+            f"of your cluster (layoutsearch-calibrate).")
+
+
 def counts_line(ranked: pd.DataFrame) -> str:
     """'2240 layouts, 1712 priced, 1350 fit'; with the rows a sampling driver returned
     ('2240 layouts, 50 tried, 50 priced, 42 fit') when it did not try the whole space."""

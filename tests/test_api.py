@@ -347,3 +347,11 @@ def test_megatron_arguments_are_built_for_the_best_fitting_rows_only(
     ranked = search(**JOB)
     assert list(ranked.index[ranked["megatron_args"] != ""]) == [0, 1, 2]
     assert ranked["fits"].sum() > 3
+
+
+def test_a_ranking_on_the_study_fabric_says_so() -> None:
+    job = {"model": "llama_13b", "num_gpus": 64, "seq_length": 2048, "global_batch_size": 2048}
+    fitted = search(**job)
+    assert fitted.attrs["fabric_note"].startswith("cost_models=analytic prices inter-node")
+    assert search(**job, cost_model="analytic_prior").attrs["fabric_note"] == ""
+    assert fitted.attrs["mfu_convention_note"] == ""  # 2k tokens

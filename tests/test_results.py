@@ -13,7 +13,9 @@ from layoutsearch.results import (
     RESULT_COLUMNS,
     close_call_note,
     counts_line,
+    fabric_note,
     headroom_note,
+    mfu_convention_note,
     no_fit_message,
     rank,
 )
@@ -189,3 +191,40 @@ def test_counts_say_when_a_driver_tried_part_of_the_space() -> None:
     assert counts_line(ranked) == "3 layouts, 2 priced, 1 fit"  # a grid: the whole space
     ranked.attrs["space_size"] = 2240
     assert counts_line(ranked) == "2240 layouts, 3 tried, 2 priced, 1 fit"
+
+
+def test_long_context_mfu_is_read_by_both_conventions() -> None:
+    job = Job(model=load_model("llama3_8b"), cluster=load_cluster("h100_sxm"), num_gpus=128,
+              seq_length=524_288, global_batch_size=16)
+    ranked = pd.DataFrame({"mfu": [1.05], "fits": [True]})
+    note = mfu_convention_note(ranked, job)
+    # The masked half: 6·L·h·s of 6N + 12·L·h·s, 32 layers of 4096 at 512k tokens.
+    model = job.model
+    masked = 6 * 32 * 4096 * 524_288
+    share = masked / (6 * model.num_parameters() + 2 * masked)
+    assert f"that half is {100 * share:.0f} % of the FLOPs counted" in note
+    megatron = 1.05 * model.megatron_flops_per_token(524_288) / model.paper_flops_per_token(
+        524_288)
+    assert 0.5 < megatron < 0.6 and f"the best layout's MFU is {megatron:.3f}" in note
+    assert "(the best layout's is 1.050)" in note
+    # At 2k tokens the two counts differ by a few per cent: nothing to say.
+    short = Job(model=load_model("llama3_8b"), cluster=load_cluster("h100_sxm"), num_gpus=128,
+                seq_length=2048, global_batch_size=1024)
+    assert mfu_convention_note(ranked.assign(mfu=0.5), short) == ""
+
+
+def _best(network_s: float, num_gpus: int = 64) -> pd.DataFrame:
+    return pd.DataFrame({"fits": [True], "step_time_s": [20.0], "time_dp_comm_s": [network_s],
+                         "time_pp_comm_s": [0.0], "gpu": ["a100_80gb"], "num_gpus": [num_gpus],
+                         "gpus_per_node": [8]})
+
+
+def test_a_slow_fabric_is_named_when_its_traffic_matters() -> None:
+    note = fabric_note(_best(3.0), 0.053, "cost_models=analytic")
+    assert note.startswith("cost_models=analytic prices inter-node traffic on a100_80gb at 5 % "
+                           "of the NICs' rate (network_efficiency 0.053")
+    assert "3.00 s of the best layout's 20.00 s step" in note
+    assert "cost_models=analytic_prior" in note
+    assert fabric_note(_best(3.0), 0.8, "x") == ""            # a fabric at nccl-tests' rate
+    assert fabric_note(_best(0.5), 0.053, "x") == ""          # 2.5 % of the step
+    assert fabric_note(_best(3.0, num_gpus=8), 0.053, "x") == ""  # one node: NVLink only

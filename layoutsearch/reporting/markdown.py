@@ -75,6 +75,12 @@ def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
     close_call = ranked.attrs.get("close_call_note", "")
     if close_call:
         lines += [f"**A close call.** {close_call}", ""]
+    fabric = ranked.attrs.get("fabric_note", "")
+    if fabric:
+        lines += [f"**The fabric.** {fabric[0].upper()}{fabric[1:]}", ""]
+    convention = ranked.attrs.get("mfu_convention_note", "")
+    if convention:
+        lines += [f"**MFU at long context.** {convention}", ""]
     return lines
 
 

@@ -98,11 +98,11 @@ def test_the_command_writes_the_sweep_table(tmp_path: Path) -> None:
     assert ranked.attrs["close_call_note"] and not ranked.attrs["headroom_note"]
     notes = yaml.safe_load((tmp_path / "0" / NOTES_FILE).read_text())
     assert notes == {"close_call_note": ranked.attrs["close_call_note"],
-                     "space_size": len(ranked)}
+                     "fabric_note": ranked.attrs["fabric_note"], "space_size": len(ranked)}
     assert table.loc[0, "candidates"] == table.loc[0, "tried"] == len(ranked)  # a grid
     assert table.loc[0, "close_call_note"] == ranked.attrs["close_call_note"]
     first = next(line for line in summary.splitlines() if line.startswith("| [0](0/report.md)"))
-    assert first.endswith("| close call |")
+    assert first.endswith("| close call, slow fabric |")
 
 
 def test_a_rerun_forgets_the_jobs_old_outputs_and_notes_keep_their_own_keys(
