@@ -252,27 +252,37 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
         return message
     smallest = priced.iloc[int(priced["peak_memory_gib"].to_numpy().argmin())]
     largest_model_parallel = int((priced["tp"] * priced["pp"] * priced["cp"]).max())
+    # What activations take of the smallest footprint: when the rest (weights, gradients,
+    # optimizer state) is over the limit alone, no activation fix can help. Unknown (NaN,
+    # a cost model without breakdowns) keeps every suggestion.
+    activations = sum(float(smallest.get(c, np.nan))
+                      for c in ("memory_activations_gib", "memory_logits_gib"))
+    model_state = float(smallest["peak_memory_gib"]) - activations
+    activations_matter = not model_state >= limit
     fixes = ["use more GPUs or GPUs with more memory"]
     # Suggest only what the space did not already try.
     if not priced["distributed_optimizer"].any():
         fixes.append("enable distributed_optimizer")
-    if "full" not in set(priced["recompute"]):
+    if activations_matter and "full" not in set(priced["recompute"]):
         fixes.append("allow recompute=full")
     if largest_model_parallel < job.num_gpus:
         fixes.append("allow larger tp·pp")
-    # Activation memory: smaller micro-batches, no s×s scores, split sequences.
-    if int(priced["micro_batch_size"].min()) > 1:
-        fixes.append("allow micro_batch_size=1")
-    if not priced["attention"].astype(str).str.startswith("flash").any():
-        fixes.append("allow FlashAttention (attention=flash2)")
-    if not priced["sequence_parallel"].astype(bool).any():
-        fixes.append("enable sequence_parallel (with tp > 1)")
-    if int(priced["cp"].max()) == 1 and job.seq_length >= LONG_SEQUENCE:
-        fixes.append("allow context parallelism (cp > 1)")
+    if activations_matter:
+        # Activation memory: smaller micro-batches, no s×s scores, split sequences.
+        if int(priced["micro_batch_size"].min()) > 1:
+            fixes.append("allow micro_batch_size=1")
+        if not priced["attention"].astype(str).str.startswith("flash").any():
+            fixes.append("allow FlashAttention (attention=flash2)")
+        if not priced["sequence_parallel"].astype(bool).any():
+            fixes.append("enable sequence_parallel (with tp > 1)")
+        if int(priced["cp"].max()) == 1 and job.seq_length >= LONG_SEQUENCE:
+            fixes.append("allow context parallelism (cp > 1)")
+    state_note = "" if activations_matter else (
+        f" (weights, gradients, optimizer state and overhead alone take {model_state:.1f} GiB)")
     return (
         f"no layout fits: the smallest per-GPU footprint is "
         f"{smallest['peak_memory_gib']:.1f} GiB > {limit:.1f} GiB at tp·pp·cp ≤ "
         f"{largest_model_parallel} (tp={smallest['tp']} pp={smallest['pp']} "
-        f"mb={smallest['micro_batch_size']} recompute={smallest['recompute']}); "
+        f"mb={smallest['micro_batch_size']} recompute={smallest['recompute']}){state_note}; "
         + ", or ".join(fixes)
     )

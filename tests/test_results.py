@@ -228,3 +228,22 @@ def test_a_slow_fabric_is_named_when_its_traffic_matters() -> None:
     assert fabric_note(_best(3.0), 0.8, "x") == ""            # a fabric at nccl-tests' rate
     assert fabric_note(_best(0.5), 0.053, "x") == ""          # 2.5 % of the step
     assert fabric_note(_best(3.0, num_gpus=8), 0.053, "x") == ""  # one node: NVLink only
+
+
+def test_a_footprint_of_model_state_alone_gets_no_activation_advice() -> None:
+    # 405B on 8 GPUs: weights, gradients and Adam state are over the limit before any
+    # activation; recompute, FlashAttention or context parallelism cannot help.
+    row = {"tp": 8, "pp": 1, "mfu": 0.5, "peak_memory_gib": 859.2,
+           "memory_activations_gib": 9.0, "memory_logits_gib": 1.2, "seq_length": 8192}
+    job = Job(model=load_model("llama3_405b"), cluster=load_cluster("h100_sxm"), num_gpus=8,
+              seq_length=8192, global_batch_size=512)
+    message = no_fit_message(scored([row]), job)
+    assert message is not None
+    assert message.endswith("(tp=8 pp=1 mb=1 recompute=none) (weights, gradients, optimizer "
+                            "state and overhead alone take 849.0 GiB); use more GPUs or GPUs "
+                            "with more memory")
+    # With the activations the larger part, the activation fixes are back.
+    heavy = no_fit_message(scored([{**row, "peak_memory_gib": 90.0,
+                                    "memory_activations_gib": 60.0}]), job)
+    assert heavy is not None and "allow recompute=full" in heavy
+    assert "allow context parallelism (cp > 1)" in heavy
