@@ -27,6 +27,7 @@ from layoutsearch.measurements import read_table, validate_measurements
 from layoutsearch.megatron import with_megatron_args
 from layoutsearch.megatron.args import build_command
 from layoutsearch.megatron.emit import SettingsSpec
+from layoutsearch.megatron.launchers import DRY_RUN_WROTE
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.problem import SearchProblem
 from layoutsearch.results import (
@@ -132,14 +133,25 @@ def search(
     settings = _megatron_settings(megatron, scorer)  # a wrong one fails before the search
     problem = SearchProblem.build(job, space, scorer, clusters)
     searcher = build_driver(driver)
-    ranked = rank(searcher.run(problem))
+    ranked = _dry_run_scripts_first(rank(searcher.run(problem)))
     fitting = ranked.index[ranked["fits"].eq(True)][:MEGATRON_ARGS_ROWS]
     ranked["megatron_args"] = ""
     if len(fitting):
         ranked.loc[fitting, "megatron_args"] = with_megatron_args(
             ranked.loc[fitting], job, settings)["megatron_args"]
+    scripts = ranked.loc[ranked["reason"].str.startswith(DRY_RUN_REASON), "reason"]
+    ranked.attrs["dry_run_note"] = ""
     message = no_fit_message(ranked, job, problem.passing_tp_pp,
                              passing_rules=len(problem.feasible_candidates()))
+    if message and len(scripts):
+        # Nothing fits because nothing ran: the scripts are the answer, not a failure.
+        message = ""
+        ranked.attrs["dry_run_note"] = (
+            f"dry run: wrote {_count(len(scripts), 'launch script')} and measured nothing "
+            f"(rows 0-{len(scripts) - 1}): "
+            + ", ".join(reason.removeprefix(DRY_RUN_REASON) for reason in scripts)
+            + ". Measure them with cost_models.launcher=local (one node) or slurm; the runs "
+            "land in the measurement file and a search reads them back.")
     if message and len(ranked) < len(problem.candidates):
         # A sampling driver saw part of the space: what it saw says nothing of the rest.
         more = "raise its n_trials, or " if hasattr(searcher, "n_trials") else ""
@@ -157,6 +169,25 @@ def search(
     if message:
         warnings.warn(message, NoLayoutFitsWarning, stacklevel=2)
     return ranked
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+DRY_RUN_REASON = f"not measured: {DRY_RUN_WROTE}"
+"""The reason of a row a measured search's dry run wrote a script for (measured.py)."""
+
+
+def _dry_run_scripts_first(ranked: pd.DataFrame) -> pd.DataFrame:
+    """Rows a dry run wrote scripts for, just after the rows that fit: they are what the
+    search chose to measure, in the order it chose them (the prescreen's best first)."""
+    scripted = ranked["reason"].str.startswith(DRY_RUN_REASON)
+    if not scripted.any():
+        return ranked
+    fits = ranked["fits"].astype(bool)
+    order = pd.concat([ranked[fits], ranked[scripted & ~fits], ranked[~scripted & ~fits]])
+    return order.reset_index(drop=True)
 
 
 def _megatron_settings(megatron: SettingsSpec, scorer: CostModel) -> MegatronSettings:

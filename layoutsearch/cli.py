@@ -83,7 +83,8 @@ NO_FIT_STATUS = 3
 """Exit status of a single run whose search found no layout that fits: the outputs are
 written and the reason printed, but a script that goes on to launch (`emit=megatron`, then
 sbatch) must stop. A `--multirun` exits 0 for it: a sweep over sizes expects some jobs not
-to fit, and its summary shows each job's count of fitting layouts."""
+to fit, and its summary shows each job's count of fitting layouts. A measured search's dry
+run exits 0 too: nothing fits because nothing ran, and its scripts are the answer."""
 
 
 def group_options(group: str) -> list[str]:
@@ -149,11 +150,13 @@ def report(ranked: pd.DataFrame, space: SearchSpace, top_k: int) -> str:
         f"top {min(top_k, len(ranked))}:",
         _table(ranked.loc[: top_k - 1, [c for c in SUMMARY_COLUMNS if c in ranked.columns]]),
     ]
-    if not fits:
-        return "\n".join([*lines, "", ranked.attrs["message"]])
+    if ranked.attrs.get("message"):
+        lines += ["", ranked.attrs["message"]]
     for note in NOTE_TAGS:
         if ranked.attrs.get(note):
             lines += ["", f"note: {ranked.attrs[note]}"]
+    if not fits:
+        return "\n".join(lines)
     best = ranked.iloc[0]
     for prefix, unit, total in (("time", "s", "step_time_s"), ("memory", "gib", "peak_memory_gib")):
         parts = [c for c in ranked.columns if c.startswith(f"{prefix}_") and c.endswith(f"_{unit}")]
@@ -414,7 +417,9 @@ def _app(cfg: DictConfig) -> None:
             f"internal error (a layoutsearch bug; the traceback is in the job's log): "
             f"{type(error).__name__}: {error}\n")
     else:
-        if hydra_config.mode != RunMode.MULTIRUN and not ranked["fits"].any():
+        # A dry run fits nothing because it measured nothing: its scripts are the answer.
+        if (hydra_config.mode != RunMode.MULTIRUN and not ranked["fits"].any()
+                and not ranked.attrs.get("dry_run_note")):
             sys.exit(NO_FIT_STATUS)
 
 

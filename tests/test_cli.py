@@ -312,3 +312,14 @@ def test_a_cost_model_without_breakdowns_says_so() -> None:
     assert ("best layout, memory (peak_memory_gib = not measured): this cost model gives no "
             "breakdown") in text
     assert "Empty DataFrame" not in text
+
+
+def test_a_dry_run_exits_0_with_its_scripts(tmp_path: Path) -> None:
+    done = layoutsearch("cost_models=measured", "cost_models.prescreen=analytic",
+                        "cost_models.top_k=1", "cost_models.launcher=dry_run", FAST,
+                        f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "note: dry run: wrote 1 launch script and measured nothing (rows 0-0): " \
+        in done.stdout
+    assert "no layout fits" not in done.stdout
+    assert len(list((tmp_path / "megatron_logs").glob("*.sh"))) == 1

@@ -77,6 +77,11 @@ def _missing_script(settings: MegatronSettings) -> str | None:
             f"megatron_path (cost_models/megatron.yaml) to a Megatron-LM checkout")
 
 
+DRY_RUN_WROTE = "dry run: wrote "
+"""How a dry run's trial log begins, before the script's path (a measured search's reason
+for the row reads "not measured: dry run: wrote <path>")."""
+
+
 class DryRunLauncher:
     """Writes each trial's launch script next to its log path and runs nothing."""
 
@@ -94,7 +99,7 @@ class DryRunLauncher:
     def run(self, trial: Trial) -> TrialLog:
         path = write_script(trial.command, self.settings, trial.log_path.with_suffix(".sh"),
                             label=trial.name, step_time_s=trial.step_time_s)
-        return TrialLog(text=f"dry run: wrote {path}", returncode=None, ran=False)
+        return TrialLog(text=f"{DRY_RUN_WROTE}{path}", returncode=None, ran=False)
 
 
 class LocalLauncher:

@@ -69,6 +69,9 @@ def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
     message = ranked.attrs.get("message", "")
     if message:
         lines += [f"**Nothing fits.** {message}", ""]
+    dry_run = ranked.attrs.get("dry_run_note", "")
+    if dry_run:
+        lines += [f"**Dry run.** {dry_run[0].upper()}{dry_run[1:]}", ""]
     headroom = ranked.attrs.get("headroom_note", "")
     if headroom:
         lines += [f"**Memory headroom.** {headroom[0].upper()}{headroom[1:]}", ""]

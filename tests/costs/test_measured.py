@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -243,8 +244,7 @@ def test_a_trials_time_limit_covers_its_predicted_run(tmp_path, capsys):
                                                         train_iters=100)
     model = MeasuredCostModel(settings=settings, measurements=tmp_path / "measurements.csv",
                               prescreen=build_cost_model("analytic"), top_k=1)
-    with pytest.warns(layoutsearch.NoLayoutFitsWarning):  # a dry run measures nothing
-        layoutsearch.search(cost_model=model, **JOB)
+    layoutsearch.search(cost_model=model, **JOB)
     predicted = layoutsearch.search(**JOB).iloc[0]["step_time_s"]
     minutes = -(-(100 * predicted * 1.5 + 600) // 60)
     assert minutes > 30
@@ -252,6 +252,24 @@ def test_a_trials_time_limit_covers_its_predicted_run(tmp_path, capsys):
     assert f"dry run: wrote {script}" in capsys.readouterr().err  # said, not only in reasons
     assert f"#SBATCH --time={int(minutes) // 60:02d}:{int(minutes) % 60:02d}:00" in \
         script.read_text().splitlines()
+
+
+def test_a_dry_run_answers_with_its_scripts_not_with_no_fit(tmp_path):
+    settings = fake_megatron_settings(tmp_path).replace(launcher="dry_run")
+    model = MeasuredCostModel(settings=settings, measurements=tmp_path / "measurements.csv",
+                              prescreen=build_cost_model("analytic"), top_k=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", layoutsearch.NoLayoutFitsWarning)
+        ranked = layoutsearch.search(cost_model=model, **JOB)
+    scripts = sorted((tmp_path / "logs").glob("*.sh"))
+    assert len(scripts) == 2 and not ranked["fits"].any() and ranked.attrs["message"] == ""
+    # The rows the scripts run come first, and the note names every script.
+    assert set(ranked.loc[:1, "reason"]) == {f"not measured: dry run: wrote {p}" for p in scripts}
+    note = ranked.attrs["dry_run_note"]
+    assert note.startswith("dry run: wrote 2 launch scripts and measured nothing (rows 0-1): ")
+    assert all(str(p) in note for p in scripts)
+    assert not (tmp_path / "measurements.csv").exists() or read_measurements(
+        tmp_path / "measurements.csv").empty
 
 
 @pytest.mark.parametrize(("model", "flags"), [
@@ -265,9 +283,8 @@ def test_a_measured_trial_trains_the_searched_model(tmp_path, model, flags):
     settings = fake_megatron_settings(tmp_path).replace(launcher="dry_run")
     measured = MeasuredCostModel(settings=settings, measurements=tmp_path / "m.csv",
                                  prescreen=build_cost_model("analytic"), top_k=1)
-    with pytest.warns(layoutsearch.NoLayoutFitsWarning):  # a dry run measures nothing
-        layoutsearch.search(cost_model=measured, model=model, cluster="h100_sxm",
-                            num_gpus=1024, seq_length=2048, global_batch_size=2048)
+    layoutsearch.search(cost_model=measured, model=model, cluster="h100_sxm",
+                        num_gpus=1024, seq_length=2048, global_batch_size=2048)
     script, = (tmp_path / "logs").glob("*.sh")
     text = script.read_text()
     assert " ".join(flags) in text
