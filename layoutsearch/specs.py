@@ -88,7 +88,8 @@ class ModelSpec:
     position_embedding_type: str = "rope"
     """`rope` (no parameters) or `learned_absolute` (a max_position_embeddings × h table)."""
     max_position_embeddings: int = 2048
-    """Rows of the learned position table; unused with rope."""
+    """Rows of the learned position table; unused with rope, whose commands pass
+    max(seq_length, this) because Megatron-LM's validate_args asks for at least seq_length."""
     rotary_base: int = 10000
     """RoPE base θ (Su et al. 2021: 10,000; Llama 3 trains with 500,000); Megatron-LM's
     `--rotary-base`. It changes no FLOP or byte, but a command with the wrong base trains
