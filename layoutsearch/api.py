@@ -218,8 +218,10 @@ def _fabric_note(ranked: pd.DataFrame, scorer: CostModel, job: Job) -> str:
     constants = scorer.constants.get(job.cluster.gpu.name)
     if constants is None:
         return ""
-    name = scorer.config_name()
-    label = f"cost_models={name}" if name else f"the cost model {scorer.source or 'given'}"
+    def label() -> str:
+        name = scorer.config_name()
+        return f"cost_models={name}" if name else f"the cost model {scorer.source or 'given'}"
+
     return fabric_note(ranked, constants.network_efficiency, label)
 
 

@@ -139,11 +139,13 @@ NETWORK_SHARE = 0.05
 communication) from which the fabric's speed can change the ranking."""
 
 
-def fabric_note(ranked: pd.DataFrame, network_efficiency: float, constants: str) -> str:
+def fabric_note(ranked: pd.DataFrame, network_efficiency: float,
+                constants: Callable[[], str]) -> str:
     """A note when the cost model prices inter-node traffic far below the NICs' rate and
     that traffic is a real part of the best layout's step; "" otherwise.
 
-    `constants` names where `network_efficiency` comes from (a `cost_models=` option).
+    `constants()` names where `network_efficiency` comes from (a `cost_models=` option);
+    asked only when there is a note (finding the name reads files).
     """
     if (network_efficiency >= SLOW_FABRIC_EFFICIENCY or ranked.empty
             or not bool(ranked["fits"].iloc[0])):
@@ -156,7 +158,7 @@ def fabric_note(ranked: pd.DataFrame, network_efficiency: float, constants: str)
     if not network >= NETWORK_SHARE * step:  # also NaN: no breakdown to judge by
         return ""
     gpu = str(best["gpu"])
-    return (f"{constants} prices inter-node traffic on {gpu} at {100 * network_efficiency:.0f}"
+    return (f"{constants()} prices inter-node traffic on {gpu} at {100 * network_efficiency:.0f}"
             f" % of the NICs' rate (network_efficiency {network_efficiency:g}: the fabric its "
             f"constants describe; the shipped analytic constants have it from the study's "
             f"cluster), and that traffic is {network:.2f} s of the best layout's {step:.2f} s "

@@ -220,14 +220,14 @@ def _best(network_s: float, num_gpus: int = 64) -> pd.DataFrame:
 
 
 def test_a_slow_fabric_is_named_when_its_traffic_matters() -> None:
-    note = fabric_note(_best(3.0), 0.053, "cost_models=analytic")
+    note = fabric_note(_best(3.0), 0.053, lambda: "cost_models=analytic")
     assert note.startswith("cost_models=analytic prices inter-node traffic on a100_80gb at 5 % "
                            "of the NICs' rate (network_efficiency 0.053")
     assert "3.00 s of the best layout's 20.00 s step" in note
     assert "cost_models=analytic_prior" in note
-    assert fabric_note(_best(3.0), 0.8, "x") == ""            # a fabric at nccl-tests' rate
-    assert fabric_note(_best(0.5), 0.053, "x") == ""          # 2.5 % of the step
-    assert fabric_note(_best(3.0, num_gpus=8), 0.053, "x") == ""  # one node: NVLink only
+    assert fabric_note(_best(3.0), 0.8, lambda: "x") == ""            # a fabric at nccl-tests' rate
+    assert fabric_note(_best(0.5), 0.053, lambda: "x") == ""          # 2.5 % of the step
+    assert fabric_note(_best(3.0, num_gpus=8), 0.053, lambda: "x") == ""  # one node: NVLink only
 
 
 def test_a_footprint_of_model_state_alone_gets_no_activation_advice() -> None:
