@@ -53,6 +53,14 @@ def top_table(ranked: pd.DataFrame, k: int = TOP_K) -> str:
     return markdown_table(rows, header)
 
 
+NOTE_TITLES = {
+    "message": "Nothing fits", "dry_run_note": "Dry run", "headroom_note": "Memory headroom",
+    "close_call_note": "A close call", "fabric_note": "The fabric",
+    "mfu_convention_note": "MFU at long context",
+}
+"""`ranked.attrs` texts the job section shows, in this order, each under its title."""
+
+
 def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
     m = job.model
     facts = [
@@ -66,24 +74,10 @@ def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
         ["candidates", counts_line(ranked)],
     ]
     lines = ["## The job", "", markdown_table(facts, ["", ""]), ""]
-    message = ranked.attrs.get("message", "")
-    if message:
-        lines += [f"**Nothing fits.** {message}", ""]
-    dry_run = ranked.attrs.get("dry_run_note", "")
-    if dry_run:
-        lines += [f"**Dry run.** {dry_run[0].upper()}{dry_run[1:]}", ""]
-    headroom = ranked.attrs.get("headroom_note", "")
-    if headroom:
-        lines += [f"**Memory headroom.** {headroom[0].upper()}{headroom[1:]}", ""]
-    close_call = ranked.attrs.get("close_call_note", "")
-    if close_call:
-        lines += [f"**A close call.** {close_call}", ""]
-    fabric = ranked.attrs.get("fabric_note", "")
-    if fabric:
-        lines += [f"**The fabric.** {fabric[0].upper()}{fabric[1:]}", ""]
-    convention = ranked.attrs.get("mfu_convention_note", "")
-    if convention:
-        lines += [f"**MFU at long context.** {convention}", ""]
+    for attr, title in NOTE_TITLES.items():
+        text = ranked.attrs.get(attr, "")
+        if text:
+            lines += [f"**{title}.** {text[0].upper()}{text[1:]}", ""]
     return lines
 
 
