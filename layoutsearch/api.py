@@ -218,11 +218,8 @@ def _fabric_note(ranked: pd.DataFrame, scorer: CostModel, job: Job) -> str:
     constants = scorer.constants.get(job.cluster.gpu.name)
     if constants is None:
         return ""
-    def label() -> str:
-        name = scorer.config_name()
-        return f"cost_models={name}" if name else f"the cost model {scorer.source or 'given'}"
-
-    return fabric_note(ranked, constants.network_efficiency, label)
+    return fabric_note(ranked, constants.network_efficiency,
+                       lambda: f"cost_models={_constants_name(scorer)}")
 
 
 def _constants_name(model: AnalyticCostModel) -> str:
