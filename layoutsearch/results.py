@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from layoutsearch.costs.base import UNMEASURED
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.specs import Job
 
@@ -238,6 +239,12 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
         return None
     priced = ranked[ranked["peak_memory_gib"].notna()]
     limit = job.cluster.gpu.memory_gib
+    unpriced = int(ranked["reason"].str.startswith(UNMEASURED).sum())
+    if priced.empty and passing_rules and unpriced >= passing_rules:
+        # A replay of measurements that never ran this job: nothing is known to not fit.
+        return (f"no layout was priced: {passing_rules} of {len(ranked)} layouts pass the "
+                f"rules, and the cost model has no figures for any of them: "
+                f"{_rule_summary(ranked['reason'], top=4)}")
     if priced.empty and passing_rules:
         return (f"no layout fits: {passing_rules} of {len(ranked)} layouts pass the rules, "
                 f"and the cost model found none of them to fit: "

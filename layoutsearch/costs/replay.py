@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from layoutsearch.costs.base import UNMEASURED
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.measurements import JOB_KEY, MEASUREMENT_KEY, read_measurements
 from layoutsearch.specs import ClusterSpec
@@ -78,7 +79,7 @@ def _unknown_job(job: pd.Series, measured_jobs: pd.DataFrame, source: str) -> st
     128000, say) would otherwise report every layout as merely unmeasured.
     """
     if measured_jobs.empty:
-        return f"unmeasured: {source} holds no runs"
+        return f"{UNMEASURED}{source} holds no runs"
     differs = measured_jobs.ne(job[measured_jobs.columns].to_numpy(), axis=1).to_numpy()
     closest = int(differs.sum(axis=1).argmin())
     nearest = measured_jobs.iloc[closest]
@@ -86,8 +87,8 @@ def _unknown_job(job: pd.Series, measured_jobs: pd.DataFrame, source: str) -> st
               for c, differ in zip(measured_jobs.columns, differs[closest], strict=True)
               if differ]
     jobs = len(measured_jobs)
-    return (f"unmeasured: {source} has no runs of this job (it holds {jobs} other "
-            f"job{'s' * (jobs != 1)}): this job has " + "; ".join(fields))
+    return (f"{UNMEASURED}{source} has no runs of this job (it holds {jobs} other "
+            f"job{'s' * (jobs != 1)}): this job has " + ", ".join(fields))
 
 
 class ReplayCostModel:
@@ -147,7 +148,7 @@ class ReplayCostModel:
         )
         reason = pd.Series(status).map(FAILED_REASONS).fillna("").to_numpy(dtype=object)
         reason[status == "unmeasured"] = (
-            f"unmeasured: no measurement of this layout in {self.source}"
+            f"{UNMEASURED}no measurement of this layout in {self.source}"
         )
         # One message per job the file never measured (a search has one job, many rows).
         measured_jobs = self.measured[list(JOB_KEY)].drop_duplicates().reset_index(drop=True)

@@ -132,3 +132,22 @@ def test_a_search_over_out_of_memory_runs_alone_says_the_cost_model_found_no_fit
         "found none of them to fit" in message
     assert "measured: out of memory (rejects 1 of" in message
     assert "no layout passes the rules" not in message
+
+
+def test_a_search_over_a_job_the_file_never_ran_says_nothing_was_priced(
+        runs_csv: Path) -> None:
+    # The file holds llama_13b with a 32000 vocabulary; this job has the catalog's 13B
+    # at 4096 tokens: nothing is known about it, which is not the same as "too big".
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
+        ranked = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=4096,
+                                     global_batch_size=1024, cost_model={
+                                         "_target_": "layoutsearch.costs.replay.ReplayCostModel",
+                                         "path": str(runs_csv)}, tp=[1, 2], pp=[1])
+    message = ranked.attrs["message"]
+    assert message.startswith("no layout was priced: ")
+    assert "no layout fits" not in message
+    # The job's differences are one reason, counted once over every layout.
+    assert message.endswith(
+        "this job has seq_length=4096 where the nearest measured job has 2048, "
+        f"global_batch_size=1024 where the nearest measured job has 2048 (rejects "
+        f"{len(ranked)} of {len(ranked)} layouts)")
