@@ -218,6 +218,14 @@ OTHER_DELIMITERS = {";": "semicolons", "\t": "tabs", "|": "vertical bars"}
 commas writes semicolons), each found in a header that parses as a single column."""
 
 
+PARQUET_SUFFIXES = (".parquet", ".pq")
+"""File name endings read and written as Parquet; any other measurement file is CSV."""
+
+
+def is_parquet(path: str | Path) -> bool:
+    return Path(path).suffix.lower() in PARQUET_SUFFIXES
+
+
 def read_table(path: str | Path) -> pd.DataFrame:
     """A measurement file as it is, unvalidated (CSV, or Parquet by its suffix)."""
     path = Path(path)
@@ -226,7 +234,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
                                 "Parquet file in it")
     if not path.is_file():
         raise LayoutSearchError(f"measurement file {str(path)!r} does not exist")
-    parquet = path.suffix.lower() in (".parquet", ".pq")
+    parquet = is_parquet(path)
     try:
         # low_memory=False: types from the whole column, not per chunk of a long file.
         table = pd.read_parquet(path) if parquet else pd.read_csv(path, low_memory=False)

@@ -16,20 +16,21 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from layoutsearch.costs.base import CostModel
+from layoutsearch.costs.base import CostModel, cost_model_fingerprint
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import (
     MEASUREMENT_KEY,
     OPTIONAL_DEFAULTS,
     REQUIRED_COLUMNS,
+    is_parquet,
     read_table,
     validate_measurements,
 )
@@ -69,7 +70,10 @@ def _trial_name(row: Mapping[str, Any]) -> str:
 
 
 class MeasurementFile:
-    """A measurement-schema CSV that rows are appended to, one at a time, durably."""
+    """A measurement file (CSV, or Parquet by its suffix) that rows are appended to, one at
+    a time, durably. A user's own file is kept as it is: a row is never glued onto a last
+    line without a newline, and a file lacking some of the model's columns gets them (old
+    rows take the schema's defaults), so that no figure of a new row is dropped."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -83,22 +87,68 @@ class MeasurementFile:
         return {measurement_key(r): r for r in records}
 
     def append(self, row: Mapping[str, Any]) -> None:
-        new = not self.path.is_file() or self.path.stat().st_size == 0
-        if new:
+        values = {k: ("" if isinstance(v, float) and math.isnan(v) else v)
+                  for k, v in row.items()}
+        empty = not self.path.is_file() or self.path.stat().st_size == 0
+        if empty:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        if is_parquet(self.path):
+            self._append_parquet(row, empty)
+            return
+        if empty:
             fields = list(FILE_COLUMNS)
         else:
             with self.path.open(newline="") as handle:
-                fields = next(csv.reader(handle))
-        values = {k: ("" if isinstance(v, float) and math.isnan(v) else v)
-                  for k, v in row.items()}
+                fields = next(csv.reader(handle), [])
+            missing = [c for c in FILE_COLUMNS if c not in fields and c in values]
+            if missing:
+                fields = self._add_csv_columns(fields, missing)
         with self.path.open("a", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
-            if new:
+            writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore",
+                                    lineterminator="\n")
+            if empty:
                 writer.writeheader()
+            elif not self._ends_with_newline():
+                handle.write("\n")
             writer.writerow(values)
-            handle.flush()
-            os.fsync(handle.fileno())  # a SIGKILL right after must not lose the row
+            _sync(handle)
+
+    def _ends_with_newline(self) -> bool:
+        with self.path.open("rb") as handle:
+            handle.seek(-1, os.SEEK_END)
+            return handle.read(1) in (b"\n", b"\r")
+
+    def _add_csv_columns(self, fields: list[str], missing: list[str]) -> list[str]:
+        """Rewrite the CSV with `missing` columns added (old rows: the schema's default of
+        an optional column, else empty); atomically, so a kill leaves either file whole."""
+        with self.path.open(newline="") as handle:
+            rows = list(csv.reader(handle))[1:]
+        fill = [str(OPTIONAL_DEFAULTS.get(c, "")) for c in missing]
+        self._replace(lambda handle: csv.writer(handle, lineterminator="\n").writerows(
+            [fields + missing] + [r + fill for r in rows if r]))
+        return fields + missing
+
+    def _append_parquet(self, row: Mapping[str, Any], empty: bool) -> None:
+        """Parquet cannot be appended to: the table is written again with the new row."""
+        new = pd.DataFrame([dict(row)], columns=list(dict.fromkeys([*FILE_COLUMNS, *row])))
+        table = new if empty else pd.concat([read_table(self.path), new], ignore_index=True)
+        for column, default in OPTIONAL_DEFAULTS.items():
+            table[column] = table[column].fillna(default)
+        self._replace(lambda handle: table.to_parquet(handle, index=False), binary=True)
+
+    def _replace(self, write: Callable[[Any], None], binary: bool = False) -> None:
+        """The file written anew by `write(handle)` into a temporary beside it, then moved
+        over it: a kill midway leaves the old file whole."""
+        temporary = self.path.with_name(f".{self.path.name}.tmp")
+        with temporary.open("wb" if binary else "w", newline=None if binary else "") as handle:
+            write(handle)
+            _sync(handle)
+        os.replace(temporary, self.path)
+
+
+def _sync(handle: Any) -> None:
+    handle.flush()
+    os.fsync(handle.fileno())  # a SIGKILL right after must not lose the row
 
 
 def _result_row(row: Mapping[str, Any], result: LogResult, clusters: Mapping[str, ClusterSpec],
@@ -245,7 +295,8 @@ class MeasuredCostModel:
 
     def fingerprint(self) -> str:
         """The measurement file and what is launched: its rows grow while a study runs."""
-        return f"{self.file.path.resolve()}|prescreen={self.prescreen}|top_k={self.top_k}"
+        prescreen = cost_model_fingerprint(self.prescreen) if self.prescreen else None
+        return f"{self.file.path.resolve()}|prescreen={prescreen}|top_k={self.top_k}"
 
     def score(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
               ) -> pd.DataFrame:

@@ -57,15 +57,17 @@ def fake_megatron_settings(workdir: str | Path, *, inject: str = "", sleep_s: fl
 
 
 def fake_measured_model(workdir: str | Path, *, prescreen: str | None = "analytic",
-                        top_k: int | None = None, **fake: Any) -> MeasuredCostModel:
-    """A measured cost model on the fake Megatron-LM, measurements in `workdir`.
+                        top_k: int | None = None, measurements: str | Path | None = None,
+                        **fake: Any) -> MeasuredCostModel:
+    """A measured cost model on the fake Megatron-LM, measurements in `workdir` (in
+    `workdir/measurements.csv` unless `measurements` names another file).
 
     Its launcher runs every layout as one fake torchrun, however many nodes it spans (a
     real `local` launcher runs one node). `fake` goes to `fake_megatron_settings`.
     """
     settings = fake_megatron_settings(workdir, **fake)
     return MeasuredCostModel(
-        settings=settings, measurements=Path(workdir) / "measurements.csv",
+        settings=settings, measurements=measurements or Path(workdir) / "measurements.csv",
         launcher=LocalLauncher(settings, max_nodes=None),
         prescreen=build_cost_model(prescreen) if prescreen else None, top_k=top_k)
 

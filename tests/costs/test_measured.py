@@ -306,3 +306,53 @@ def test_every_key_column_is_recorded_so_a_rerun_finds_the_measurement(tmp_path)
     layoutsearch.search(cost_model=again, search_space="default", tp=1, pp=1, cp=1, vp=1,
                         **job)
     assert again.launched == 0
+
+
+def test_appending_to_a_users_csv_keeps_its_rows_and_every_figure_of_the_new_one(
+        tmp_path, measurement_row):
+    # A file in the study's columns (no cp, vp, overlap_grad_reduce, normalization), its
+    # last line without a newline, as a spreadsheet or a hand edit leaves it.
+    path = tmp_path / "runs.csv"
+    pd.DataFrame([measurement_row]).to_csv(path, index=False)
+    path.write_text(path.read_text().rstrip("\n"))
+    first = fake_measured_model(tmp_path, top_k=1, measurements=path)
+    layoutsearch.search(cost_model=first, search_space="default", tp=1, pp=1, cp=1, vp=1,
+                        **JOB)
+    rows = read_measurements(path)
+    assert first.launched == 1 and len(rows) == 2
+    user, new = rows.iloc[0], rows.iloc[1]
+    assert user["mfu"] == 0.6 and not user["overlap_grad_reduce"] and user["cp"] == 1
+    # The new row keeps the knob the old header lacked, and what only this model records.
+    assert new["overlap_grad_reduce"] and new["status"] == "ok"
+    assert new["peak_memory_gib"] > 0 and new["log_path"].endswith(".log")
+    assert "\r" not in path.read_text()
+    again = fake_measured_model(tmp_path, top_k=1, measurements=path)
+    layoutsearch.search(cost_model=again, search_space="default", tp=1, pp=1, cp=1, vp=1,
+                        **JOB)
+    assert again.launched == 0 and len(read_measurements(path)) == 2
+
+
+def test_a_parquet_measurement_file_is_appended_to_as_parquet(tmp_path, measurement_row):
+    path = tmp_path / "runs.parquet"
+    pd.DataFrame([measurement_row]).to_parquet(path, index=False)
+    first = fake_measured_model(tmp_path, top_k=2, measurements=path)
+    layoutsearch.search(cost_model=first, **SMALL_JOB)
+    rows = read_measurements(path)
+    assert first.launched == 2 and len(rows) == 3 and rows["mfu"].iloc[0] == 0.6
+    again = fake_measured_model(tmp_path, top_k=2, measurements=path)
+    layoutsearch.search(cost_model=again, **SMALL_JOB)
+    assert again.launched == 0
+    # A new Parquet path starts a Parquet file, not CSV text under a Parquet name.
+    fresh = tmp_path / "new.parquet"
+    layoutsearch.search(cost_model=fake_measured_model(tmp_path, top_k=1, measurements=fresh),
+                        **SMALL_JOB)
+    assert len(pd.read_parquet(fresh)) == 1
+
+
+def test_the_fingerprint_is_the_same_for_the_same_settings_so_a_study_resumes(tmp_path):
+    # An optuna study keys its resume on it: an object's address in it made every rerun
+    # of the same command a new study.
+    first, again = (fake_measured_model(tmp_path, top_k=3) for _ in range(2))
+    assert first.fingerprint() == again.fingerprint()
+    assert "prescreen=analytic:" in first.fingerprint()
+    assert fake_measured_model(tmp_path, top_k=4).fingerprint() != first.fingerprint()
