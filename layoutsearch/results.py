@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from layoutsearch.costs.base import UNMEASURED
+from layoutsearch.costs.base import MEASURED_FAILURE, UNMEASURED
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.specs import Job
 
@@ -245,6 +245,14 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
         return (f"no layout was priced: {passing_rules} of {len(ranked)} layouts pass the "
                 f"rules, and the cost model has no figures for any of them: "
                 f"{_rule_summary(ranked['reason'], top=4)}")
+    failed = ranked["reason"].str.startswith(MEASURED_FAILURE)
+    if priced.empty and failed.any():
+        # What the launches said comes first, however many layouts were not launched.
+        launched = int(failed.sum())
+        return (f"no layout fits: the {launched} layout{'s' * (launched != 1)} launched "
+                f"failed: {_rule_summary(ranked['reason'][failed])}; of the "
+                f"{len(ranked)} layouts, {passing_rules} pass the rules and the others were "
+                f"not launched: {_rule_summary(ranked['reason'][~failed], top=3)}")
     if priced.empty and passing_rules:
         return (f"no layout fits: {passing_rules} of {len(ranked)} layouts pass the rules, "
                 f"and the cost model found none of them to fit: "

@@ -29,6 +29,8 @@ PREDICTION_COLUMNS = (
     "fits",             # the go/no-go call: True if the layout is expected to run
     "cost_reason",      # why it does not fit or is unpriced ("" otherwise)
 )
+MEASURED_FAILURE = "measured "
+"""How `cost_reason` starts for a layout that was launched and failed ("measured oom: ...")."""
 UNMEASURED = "unmeasured: "
 """How `cost_reason` starts for a layout the cost model has no figures for (a replay of a
 file that never ran it): unknown, which a no-fit message must not call too big."""

@@ -16,14 +16,14 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from layoutsearch.costs.base import CostModel, cost_model_fingerprint
+from layoutsearch.costs.base import MEASURED_FAILURE, CostModel, cost_model_fingerprint
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import (
@@ -47,6 +47,13 @@ FILE_COLUMNS = (
 )
 """Columns of the rows the model appends (schema-required first, then optional ones): every
 column of MEASUREMENT_KEY, so a row read back matches the layout it measured."""
+
+
+RETRIABLE = ("error", "timeout", "oom", "unavailable")
+"""Statuses a measured search may be told to launch again (`retry`)."""
+RETRY_HINTED = ("error", "timeout")
+"""Failures that may be passing (a crashed node, an NCCL flake, too short a time limit): their
+reason says how to launch them again."""
 
 
 def _plain(value: Any) -> Any:
@@ -186,9 +193,17 @@ class MeasuredCostModel:
 
     def __init__(self, *, settings: MegatronSettings, measurements: str | Path,
                  launcher: Launcher | None = None, prescreen: CostModel | None = None,
-                 top_k: int | None = None) -> None:
-        if top_k is not None and (isinstance(top_k, bool) or top_k <= 0):
+                 top_k: int | None = None, retry: Collection[str] = ()) -> None:
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                                  or top_k <= 0):
             raise LayoutSearchError(f"measured.top_k={top_k!r}: must be a positive integer")
+        if isinstance(retry, str) or not set(retry) <= set(RETRIABLE):
+            raise LayoutSearchError(
+                f"measured.retry={retry!r}: must be a list of the statuses to launch again, "
+                f"of {', '.join(RETRIABLE)} (e.g. [error, timeout])")
+        self.retry = tuple(retry)
+        """Statuses whose recorded layouts are launched again (a fixed flake, a longer
+        time limit); the new row is appended and, being the last, is the one read."""
         self.settings = settings
         self.file = MeasurementFile(measurements)
         self.launcher = launcher or build_launcher(settings)
@@ -201,7 +216,8 @@ class MeasuredCostModel:
     def from_config(cls, config: Mapping[str, Any], source: str = "") -> MeasuredCostModel:
         """From `cost_models/measured.yaml`: megatron, launcher, measurements, prescreen,
         top_k, timeout_s."""
-        known = {"megatron", "launcher", "measurements", "prescreen", "top_k", "timeout_s"}
+        known = {"megatron", "launcher", "measurements", "prescreen", "top_k", "timeout_s",
+                 "retry"}
         unknown = set(config) - known
         if unknown:
             raise LayoutSearchError(
@@ -223,10 +239,10 @@ class MeasuredCostModel:
             from layoutsearch.costs import build_cost_model  # the registry imports this module
 
             prescreen = build_cost_model(config["prescreen"])
-        top_k = config.get("top_k")
+        retry = config.get("retry") or ()
         return cls(settings=settings, measurements=config.get("measurements") or
-                   "measurements.csv", prescreen=prescreen,
-                   top_k=int(top_k) if top_k is not None else None)
+                   "measurements.csv", prescreen=prescreen, top_k=config.get("top_k"),
+                   retry=[retry] if isinstance(retry, str) else list(retry))
 
     def _selection(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
                    reasons: pd.Series) -> tuple[list[Any], pd.DataFrame | None]:
@@ -286,6 +302,13 @@ class MeasuredCostModel:
         self.launched += 1
         result = parse_log(outcome.text, warmup_iters=self.settings.warmup_iters,
                            returncode=outcome.returncode, timed_out=outcome.timed_out)
+        if result.setup_problem:
+            raise LayoutSearchError(
+                f"cost_models=measured stopped: {name} failed before training, as every "
+                f"layout would: {result.message} (log {log_path}). Check python, torchrun "
+                f"and megatron_path (cost_models/megatron.yaml); nothing was recorded for it, "
+                f"the measurements already in {self.file.path} are kept, and the same "
+                "command resumes from them")
         measured = _result_row(row, result, clusters, self.launcher.name, log_path)
         self.file.append(measured)
         figure = (f", {result.step_time_s:.2f} s per step" if result.status == "ok"
@@ -316,7 +339,7 @@ class MeasuredCostModel:
         for i in chosen:
             row = records[i]
             measured = known.get(measurement_key(row))
-            if measured is None:
+            if measured is None or measured["status"] in self.retry:
                 predicted = None if prior is None else float(prior.loc[i, "step_time_s"])
                 outcome = self._measure(row, clusters, predicted)
                 if isinstance(outcome, str):
@@ -336,7 +359,10 @@ class MeasuredCostModel:
             else:
                 detail = str(measured.get("message") or "")
                 detail = "" if detail == "nan" else detail
-                reasons.loc[i] = f"measured {status}" + (f": {detail}" if detail else "")
+                again = (f" (cost_models.retry=[{status}] launches it again)"
+                         if status in RETRY_HINTED else "")
+                reasons.loc[i] = (f"{MEASURED_FAILURE}{status}" + (f": {detail}" if detail else "")
+                                  + again)
         out["cost_reason"] = reasons.astype(str)
         out["fits"] = out["fits"].astype(bool)
         tokens = candidates["global_batch_size"] * candidates["seq_length"]

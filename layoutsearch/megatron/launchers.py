@@ -190,9 +190,18 @@ class SlurmLauncher:
                     "launcher=slurm needs submitit: pip install 'layoutsearch[slurm]'"
                 ) from None
             executor_factory = lambda folder: submitit.AutoExecutor(folder=folder)  # noqa: E731
+            # Without sbatch, submitit's AutoExecutor would run the "job" on this machine.
+            self.submits_with = "sbatch"
         self.executor_factory = executor_factory
 
+    submits_with: str | None = None
+    """The Slurm program the executor submits with (None: an injected executor)."""
+
     def preflight(self, command: MegatronCommand) -> str | None:
+        if self.submits_with and shutil.which(self.submits_with) is None:
+            return (f"launcher=slurm submits with Slurm's {self.submits_with}, which is not on "
+                    "this machine's PATH; run the search on a login node of the cluster, or "
+                    "write the sbatch scripts with launcher=dry_run")
         # The nodes see the submitting host's file system (the checkout is shared), so a
         # script missing here is missing there.
         return _missing_script(self.settings)

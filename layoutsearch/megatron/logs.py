@@ -60,6 +60,16 @@ KILLED_BY_SIGNAL = re.compile(r"Signal \d+ \(SIG\w+\) received by PID|"
                               r"failed \(exitcode: -\d+\)")
 """torchrun's word that a rank died of a signal (a negative exit code: SIGSEGV, SIGABRT,
 SIGKILL from the host's OOM killer), when the rank itself printed nothing more specific."""
+SETUP_FAILURE = re.compile(
+    r"No module named '(?:torch|megatron)[\w.]*'|"
+    r"Error while finding module specification for 'torch|"
+    r"can't open file .*pretrain_gpt\.py|"
+    r"No such file or directory: '(?:scontrol|srun|sbatch)'|"
+    r"command not found"
+)
+"""A launch that failed before training in a way every layout would: no torch or Megatron-LM
+for the configured Python, no training script, no Slurm tools where the job ran. Not a
+measurement of the layout (the measured cost model stops instead of recording it)."""
 GENERIC_FAILURE = re.compile(r"Traceback \(most recent call last\)|ChildFailedError")
 """Lines that only say that something went wrong (used when nothing more specific is)."""
 EXCERPT_LINES = 30
@@ -84,6 +94,9 @@ class LogResult:
     """One line on why it failed ("" when ok)."""
     excerpt: str = ""
     """The lines around the failure, kept for the user."""
+    setup_problem: bool = False
+    """The run failed before its first iteration for a reason that holds for every layout
+    (SETUP_FAILURE): nothing was learned about this layout."""
 
 
 def _excerpt(lines: list[str], index: int | None) -> str:
@@ -139,6 +152,10 @@ def parse_log(text: str, *, warmup_iters: int = 3, returncode: int | None = 0,
         return LogResult(status="timeout", peak_memory_gib=peak, iterations=found,
                          message=f"killed at the time limit after {found} logged iterations",
                          excerpt=_excerpt(lines, None))
+    setup_at = _first(lines, SETUP_FAILURE) if failed and not iterations else None
+    if setup_at is not None:
+        return LogResult(status="error", message=lines[setup_at].strip()[:300],
+                         excerpt=_excerpt(lines, setup_at), setup_problem=True)
     if failed:
         at = _last_failure_line(lines)
         why = lines[at].strip() if at is not None else (

@@ -356,3 +356,55 @@ def test_the_fingerprint_is_the_same_for_the_same_settings_so_a_study_resumes(tm
     assert first.fingerprint() == again.fingerprint()
     assert "prescreen=analytic:" in first.fingerprint()
     assert fake_measured_model(tmp_path, top_k=4).fingerprint() != first.fingerprint()
+
+
+def test_a_launch_that_fails_for_every_layout_stops_the_search_and_records_nothing(tmp_path):
+    # A torchrun whose Python has no torch: the failure is the setup's, not the layout's.
+    torchrun = tmp_path / "torchrun"
+    torchrun.write_text("#!/bin/sh\necho \"/usr/bin/python3: Error while finding module "
+                        "specification for 'torch.distributed.run' (ModuleNotFoundError: No "
+                        "module named 'torch')\" >&2\nexit 1\n")
+    torchrun.chmod(0o755)
+    settings = fake_megatron_settings(tmp_path).replace(torchrun=(str(torchrun),))
+    file = tmp_path / "measurements.csv"
+    model = MeasuredCostModel(settings=settings, measurements=file,
+                              prescreen=build_cost_model("analytic"), top_k=2)
+    with pytest.raises(layoutsearch.LayoutSearchError,
+                       match=r"failed before training, as every layout would: .*No module "
+                             r"named 'torch'"):
+        layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert not file.exists()
+    fixed = fake_measured_model(tmp_path, top_k=2)
+    assert layoutsearch.search(cost_model=fixed, **SMALL_JOB)["fits"].sum() == 2
+
+
+def test_retry_launches_the_recorded_failures_again(tmp_path):
+    crashed = fake_measured_model(tmp_path, top_k=1, inject="1=crash")
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
+        ranked = layoutsearch.search(cost_model=crashed, **SMALL_JOB)
+    assert crashed.launched == 1 and not ranked["fits"].any()
+    failed = ranked[ranked["reason"].str.startswith("measured error")]["reason"].iloc[0]
+    assert failed.endswith("(cost_models.retry=[error] launches it again)")
+    # The message leads with what the launches said, however many layouts were not tried.
+    assert ranked.attrs["message"].startswith(
+        "no layout fits: the 1 layout launched failed: measured error: ")
+    # By default a recorded layout is never launched again, failures included ...
+    again = fake_measured_model(tmp_path, top_k=1, inject="1=crash")
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
+        layoutsearch.search(cost_model=again, **SMALL_JOB)
+    assert again.launched == 0
+    # ... unless its status is to be retried: the new row is appended and is the one read.
+    retried = fake_measured_model(tmp_path, top_k=1)
+    retried.retry = ("error",)
+    ranked = layoutsearch.search(cost_model=retried, **SMALL_JOB)
+    assert retried.launched == 1 and ranked["fits"].sum() == 1
+    assert list(read_measurements(tmp_path / "measurements.csv")["status"]) == ["error", "ok"]
+
+
+@pytest.mark.parametrize("setting, value, rule", [
+    ("retry", ["eror"], r"measured.retry=\['eror'\]: must be a list of the statuses"),
+    ("top_k", 2.5, r"measured.top_k=2.5: must be a positive integer"),
+])
+def test_measured_settings_name_their_rule(tmp_path, setting, value, rule):
+    with pytest.raises(layoutsearch.LayoutSearchError, match=rule):
+        build_cost_model("measured", measurements=str(tmp_path / "m.csv"), **{setting: value})

@@ -190,3 +190,23 @@ def test_the_line_after_iteration_1_averages_it_in_and_is_dropped():
     assert parse_log("\n".join(lines), warmup_iters=1).step_time_s == pytest.approx(10.0)
     # A log whose first line is not iteration 1 has no such line.
     assert parse_log(OLD, warmup_iters=3).step_time_s == pytest.approx((0.2968 + 0.2839) / 2)
+
+
+@pytest.mark.parametrize("line", [
+    "/usr/bin/python3: Error while finding module specification for 'torch.distributed.run' "
+    "(ModuleNotFoundError: No module named 'torch')",
+    "ModuleNotFoundError: No module named 'megatron'",
+    "/usr/bin/python3: can't open file '/opt/Megatron-LM/pretrain_gpt.py': [Errno 2] No such "
+    "file or directory",
+    "FileNotFoundError: [Errno 2] No such file or directory: 'scontrol'",
+    "bash: line 1: torchrun: command not found",
+])
+def test_a_launch_that_fails_before_training_for_every_layout_is_a_setup_problem(line):
+    result = parse_log(f"{line}\n", returncode=1)
+    assert result.status == "error" and result.setup_problem and result.message == line
+
+
+def test_a_missing_module_after_training_started_is_the_runs_own_error():
+    text = CURRENT.splitlines()[1] + "\nModuleNotFoundError: No module named 'torch._dynamo.x'\n"
+    result = parse_log(text, returncode=1)
+    assert result.status == "error" and not result.setup_problem

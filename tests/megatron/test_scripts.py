@@ -515,3 +515,16 @@ def test_layouts_that_share_a_command_share_one_script(tmp_path):
     # Ranks in the file names skip the rows that got no script of their own.
     ranks = [int(p.name[:2]) for p in paths]
     assert ranks[0] == 1 and ranks == sorted(ranks) and ranks[-1] > 3
+
+
+def test_the_slurm_launcher_refuses_a_machine_without_sbatch(tmp_path, monkeypatch):
+    # Without sbatch, submitit's AutoExecutor runs the "job" here instead: one failure
+    # per layout, each recorded as a measurement, had the search gone on.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    settings = fake_megatron_settings(tmp_path).replace(launcher="slurm")
+    command = build_command(study_layout(128, 2, 4), study_job("llama_65b", 2048, 128), settings)
+    problem = SlurmLauncher(settings).preflight(command)
+    assert problem is not None and "Slurm's sbatch, which is not on this machine's PATH" in problem
+    (tmp_path / "sbatch").write_text("#!/bin/sh\n")
+    (tmp_path / "sbatch").chmod(0o755)
+    assert SlurmLauncher(settings).preflight(command) is None
