@@ -34,11 +34,11 @@ from layoutsearch.measurements import (
     read_table,
     validate_measurements,
 )
-from layoutsearch.megatron.args import command_of_row, job_of_row
+from layoutsearch.megatron.args import MegatronCommand, command_of_row, job_of_row
 from layoutsearch.megatron.launchers import Launcher, Trial, build_launcher
 from layoutsearch.megatron.logs import LogResult, parse_log
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
-from layoutsearch.megatron.validation import validate_argv
+from layoutsearch.megatron.validation import Problem, validate_argv
 from layoutsearch.specs import ClusterSpec
 
 FILE_COLUMNS = (
@@ -280,9 +280,16 @@ class MeasuredCostModel:
         """A new measurement row, or why the layout cannot be launched. The prescreen's
         predicted step time (s), when there is one, sizes the trial's time limit."""
         command = command_of_row(row, clusters, self.settings)
-        errors = [p for p in validate_argv(command.argv, env=self.launcher.environment(command),
-                                           world_size=command.num_gpus)
-                  if p.severity == "error"]
+        errors = self._argv_errors(command)
+        if errors and self.settings.extra_args and not self._argv_errors(
+                command_of_row(row, clusters, self.settings.replace(extra_args=()))):
+            # The settings' own flags break every command: a setup problem, not the layout's.
+            raise LayoutSearchError(
+                f"cost_models=measured cannot launch: with the Megatron-LM settings' "
+                f"extra_args {list(self.settings.extra_args)}, Megatron-LM would reject every "
+                f"command ({errors[0]}). Commands measure on synthetic data (--mock-data "
+                f"with a NullTokenizer, so that a trial needs no dataset); nothing was "
+                f"launched, and the measurements in {self.file.path} are kept")
         if errors:
             return f"not measured: Megatron-LM would reject the command: {errors[0]}"
         name = _trial_name(row)
@@ -315,6 +322,12 @@ class MeasuredCostModel:
                   else "")
         _tell(f"{self.launcher.name}: {name}: {result.status}{figure} (log {log_path})")
         return measured
+
+    def _argv_errors(self, command: MegatronCommand) -> list[Problem]:
+        """What Megatron-LM's own argument checks would refuse in the command (errors)."""
+        return [p for p in validate_argv(command.argv, env=self.launcher.environment(command),
+                                         world_size=command.num_gpus)
+                if p.severity == "error"]
 
     def fingerprint(self) -> str:
         """The measurement file and what is launched: its rows grow while a study runs."""

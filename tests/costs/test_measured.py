@@ -408,3 +408,16 @@ def test_retry_launches_the_recorded_failures_again(tmp_path):
 def test_measured_settings_name_their_rule(tmp_path, setting, value, rule):
     with pytest.raises(layoutsearch.LayoutSearchError, match=rule):
         build_cost_model("measured", measurements=str(tmp_path / "m.csv"), **{setting: value})
+
+
+def test_extra_args_that_break_every_command_stop_the_search(tmp_path):
+    # --data-path with the --mock-data every command carries: Megatron-LM refuses both.
+    settings = fake_megatron_settings(tmp_path)
+    settings = settings.replace(extra_args=("--data-path", "/data/corpus_text_document"))
+    model = MeasuredCostModel(settings=settings, measurements=tmp_path / "m.csv",
+                              prescreen=build_cost_model("analytic"), top_k=2)
+    with pytest.raises(layoutsearch.LayoutSearchError,
+                       match=r"extra_args \['--data-path', '/data/corpus_text_document'\], "
+                             r"Megatron-LM would reject every command \(error: .*mock"):
+        layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert launches(tmp_path) == [] and not (tmp_path / "m.csv").exists()
