@@ -276,6 +276,30 @@ def test_cli_writes_only_the_measured_gpu_kinds(tmp_path, capsys):
             gpu="h100_sxm"), {"h100_sxm": h100})
 
 
+def test_a_calibrated_base_without_a_kind_of_the_data_leaves_its_rows_out(tmp_path, capsys):
+    runs = synthetic_runs(PRIOR["a100_80gb"])
+    path = tmp_path / "runs.csv"
+    runs.to_csv(path, index=False)
+    first = tmp_path / "cost_models" / "mine.yaml"
+    fit = ["--no-cv", "--free", "gemm_efficiency", "--max-evals", "5", "--memory-grid", "3"]
+    assert main([str(path), "--out", str(first), *fit]) == 0
+    # Recalibrating from that file (A100 only) on data that has H100 runs too.
+    h100 = runs[runs["status"] == "ok"].assign(gpu="h100_sxm")
+    h100["mfu"] *= 312 / 989
+    both = tmp_path / "both.csv"
+    pd.concat([runs, h100], ignore_index=True).to_csv(both, index=False)
+    capsys.readouterr()
+    assert main([str(both), "--base", str(first), "--out", str(tmp_path / "again.yaml"),
+                 *fit]) == 0
+    assert (f"warning: {len(h100)} rows left out: --base {first} has no constants for GPU "
+            "kind(s) h100_sxm") in capsys.readouterr().err
+    # Only rows the base cannot start from: the reason, exit status 2, no traceback.
+    h100.to_csv(both, index=False)
+    with pytest.raises(SystemExit) as stop:
+        main([str(both), "--base", str(first), "--out", str(tmp_path / "x.yaml"), *fit])
+    assert stop.value.code == 2 and "start from analytic_prior" in capsys.readouterr().err
+
+
 def test_a_gpu_kind_with_too_few_runs_is_left_out_and_the_other_still_fitted(tmp_path, capsys):
     runs = synthetic_runs(PRIOR["a100_80gb"])
     # Two H100 runs beside the A100 sweeps: too few for its constants, and no reason to
@@ -288,12 +312,14 @@ def test_a_gpu_kind_with_too_few_runs_is_left_out_and_the_other_still_fitted(tmp
     assert main([str(path), "--out", str(out), "--no-cv", "--free", "gemm_efficiency",
                  "--max-evals", "5", "--memory-grid", "3"]) == 0
     error = capsys.readouterr().err
-    assert ("layoutsearch-calibrate: warning: h100_sxm: 2 rows with status ok or oom for 5 "
-            "constants") in error and error.rstrip().endswith("its constants are not fitted")
+    assert ("layoutsearch-calibrate: warning: h100_sxm: 2 rows with status ok for 1 "
+            "constants (gemm_efficiency)") in error
+    assert error.rstrip().endswith("its constants are not fitted")
     config = yaml.safe_load(out.read_text())
     assert list(config["gpus"]) == ["a100_80gb"] == config["provenance"]["gpus"]
     # With the A100 rows gone too, nothing can be fitted: the error names why.
-    with pytest.raises(LayoutSearchError, match="h100_sxm: 2 rows with status ok or oom"):
+    with (pytest.raises(LayoutSearchError, match="h100_sxm: 2 rows with status ok for"),
+          pytest.warns(UserWarning, match="h100_sxm: no row with status oom")):
         fit_constants(h100, PRIOR, max_evals=5, memory_grid=3)
 
 
@@ -320,19 +346,33 @@ def test_step_times_in_the_wrong_unit_are_refused_before_the_fit():
         fit_constants(runs, PRIOR, ["gemm_efficiency"], max_evals=5, memory_grid=3)
 
 
-def test_out_of_memory_rows_alone_fit_memory_and_keep_the_time_constants():
+def test_out_of_memory_rows_alone_are_refused_they_pin_no_constant():
+    # All oom: any memory constant pushed far enough "agrees" with every row (the fit
+    # would report fit accuracy 1.0 with 8 GiB of overhead), and no row has a step time.
     runs = synthetic_runs(PRIOR["a100_80gb"], seq_length=8192)
     only_oom = runs[runs["status"] == "oom"]
-    assert len(only_oom) >= 15  # 3 per memory constant
-    with pytest.warns(UserWarning, match="a100_80gb: no row with status ok"):
-        fitted = fit_constants(only_oom, PRIOR, max_evals=5, memory_grid=3)
-    assert fitted["a100_80gb"].gemm_efficiency == PRIOR["a100_80gb"].gemm_efficiency
+    assert len(only_oom) >= 15
+    with pytest.raises(LayoutSearchError, match="a100_80gb: every row has status oom, which "
+                       "pins no constant"):
+        fit_constants(only_oom, PRIOR, max_evals=5, memory_grid=3)
+
+
+def test_runs_that_all_fit_keep_the_memory_constants_and_fit_the_time_ones():
+    runs = synthetic_runs(dataclasses.replace(PRIOR["a100_80gb"], gemm_efficiency=0.7))
+    only_ok = runs[runs["status"] == "ok"]
+    with pytest.warns(UserWarning, match="a100_80gb: no row with status oom; its memory "
+                      "constants stay the base's"):
+        fitted = fit_constants(only_ok, PRIOR, ["gemm_efficiency"], max_evals=60,
+                               memory_grid=3)["a100_80gb"]
+    assert fitted.memory_overhead_gib == PRIOR["a100_80gb"].memory_overhead_gib
+    assert fitted.gemm_efficiency == pytest.approx(0.7, rel=0.05)
 
 
 def test_too_few_rows_for_the_constants_are_refused(tmp_path, capsys):
     runs = synthetic_runs(PRIOR["a100_80gb"])
     path = tmp_path / "three.csv"
-    runs[runs["status"] == "ok"].head(2).to_csv(path, index=False)
+    few = pd.concat([runs[runs["status"] == status].head(1) for status in ("ok", "oom")])
+    few.to_csv(path, index=False)
     with pytest.raises(SystemExit) as stop:
         main([str(path), "--out", str(tmp_path / "x.yaml")])
     assert stop.value.code == 2

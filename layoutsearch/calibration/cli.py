@@ -87,6 +87,24 @@ def _warnings_printed(prefix: str = "") -> Iterator[None]:
                 print(f"layoutsearch-calibrate: warning: {prefix}{message}", file=sys.stderr)
 
 
+def _rows_of_base_kinds(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
+                        name: str) -> pd.DataFrame:
+    """The rows of the GPU kinds `base` has constants for: the others can be neither fitted
+    (nothing to start from) nor scored before and after. Says which it leaves out."""
+    missing = sorted(set(rows["gpu"]) - set(base))
+    if not missing:
+        return rows
+    kept = rows[rows["gpu"].isin(list(base))].reset_index(drop=True)
+    advice = (f"--base {name} has no constants for GPU kind(s) {', '.join(missing)} (a "
+              "calibrated file holds only the kinds it fitted); start from analytic_prior, "
+              "which has every kind, to fit them")
+    if kept.empty:
+        raise LayoutSearchError(advice)
+    print(f"layoutsearch-calibrate: warning: {len(rows) - len(kept)} rows left out: {advice}",
+          file=sys.stderr)
+    return kept
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Fit the analytic constants to measured runs; print fidelity before, after and LOJO."""
     parser = _parser()
@@ -101,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rows = read_measurements(args.measurements, gpus=clusters)
         base = load_constants(args.base)
+        rows = _rows_of_base_kinds(rows, base, args.base)
         with _warnings_printed():
             fitted = fit_constants(rows, base, free, clusters=clusters, **settings)
     except LayoutSearchError as error:

@@ -111,14 +111,22 @@ def _fit_kind(gpu: str, group: pd.DataFrame, base: Mapping[str, AnalyticConstant
     if gpu not in base:
         raise LayoutSearchError(f"the base constants have no GPU kind {gpu!r} to start from")
     start = base[gpu]
-    if fit_memory_constants:
+    statuses = set(group["status"])
+    if not statuses >= {"ok", "oom"}:
+        # With one kind of outcome every memory constant agrees with all rows once pushed
+        # far enough (all oom: 8 GiB of overhead "fits" perfectly): nothing pins them.
+        if statuses == {"oom"}:
+            raise LayoutSearchError(
+                f"{gpu}: every row has status oom, which pins no constant (the memory fit "
+                "needs runs that fit beside runs that did not; the time fit needs runs that "
+                "finished)")
+        if fit_memory_constants:
+            warnings.warn(f"{gpu}: no row with status oom; its memory constants stay the "
+                          "base's (their fit needs runs that ran out of memory beside runs "
+                          "that fit)", stacklevel=3)
+    elif fit_memory_constants:
         _enough_rows(gpu, "ok or oom", len(group), MEMORY_CONSTANTS, "--keep-memory")
         start = fit_memory(group, start, clusters, grid=memory_grid).constants
-    if not (group["status"] == "ok").any():
-        # Out-of-memory rows pin the memory constants but say nothing of speed.
-        warnings.warn(f"{gpu}: no row with status ok; its time constants stay the base's",
-                      stacklevel=3)
-        return start
     objective = TimeObjective(group, clusters)
     names = [n for n in free if n not in MEMORY_CONSTANTS] if free is not None else (
         time_free(objective, start, skip=MEMORY_CONSTANTS))
