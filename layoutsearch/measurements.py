@@ -169,7 +169,7 @@ def _first(mask: pd.Series | np.ndarray) -> int:
 
 def _check_values(t: pd.DataFrame, source: str) -> None:
     ran = t["status"] == "ok"
-    step_in_range = t["step_time_s"] > 0
+    step_in_range = (t["step_time_s"] > 0) & np.isfinite(t["step_time_s"])
     mfu_in_range = (t["mfu"] > 0) & (t["mfu"] <= 1)
     checks: list[tuple[str, pd.Series, str]] = [
         ("attention", ~t["attention"].isin(ATTENTION_KERNELS),
@@ -237,7 +237,10 @@ def read_table(path: str | Path) -> pd.DataFrame:
     parquet = is_parquet(path)
     try:
         # low_memory=False: types from the whole column, not per chunk of a long file.
-        table = pd.read_parquet(path) if parquet else pd.read_csv(path, low_memory=False)
+        # skipinitialspace: a header or cell written "a, b" (a space after each comma) reads
+        # as "b", not " b", which would name no column of the schema.
+        table = pd.read_parquet(path) if parquet else pd.read_csv(
+            path, low_memory=False, skipinitialspace=True)
     except pd.errors.EmptyDataError:
         raise LayoutSearchError(
             f"measurement file {str(path)!r} is empty: it needs a header line with the "

@@ -129,6 +129,8 @@ def test_a_folder_is_not_a_measurement_file(tmp_path: Path) -> None:
         ("mfu", 1.5, r"1\.5 must be in \(0, 1\] for a run with status ok"),
         ("step_time_s", -3.0, r"-3\.0 must be a positive number of seconds for a run with "
          "status ok"),
+        ("step_time_s", "inf", r"inf must be a positive number of seconds for a run with "
+         "status ok"),
         ("dp", 8, r"tp·pp·cp·dp = 4·1·1·8 = 32 does not equal num_gpus=64"),
         ("hidden_size", 5121, r"5121 must divide by num_attention_heads \(40\)"),
         ("num_query_groups", 3, r"3 does not divide num_attention_heads \(40\)"),
@@ -232,3 +234,12 @@ def test_ok_run_needs_a_step_time(measurement_row: dict[str, Any]) -> None:
     with pytest.raises(LayoutSearchError, match=r"my runs: row 2, column 'step_time_s': an "
                                                 r"empty cell must be a positive number"):
         validate_measurements(frame, source="my runs")
+
+
+def test_a_csv_with_a_space_after_each_comma_reads(tmp_path: Path,
+                                                  measurement_row: dict[str, Any]) -> None:
+    path = tmp_path / "spaced.csv"
+    path.write_text(", ".join(measurement_row) + "\n"
+                    + ", ".join(str(v) for v in measurement_row.values()) + "\n")
+    rows = read_measurements(path)
+    assert rows["model"].iloc[0] == "llama_13b" and rows["tp"].iloc[0] == 2

@@ -106,7 +106,9 @@ def constants_path(name_or_path: str | Path) -> Path:
         return path
     candidate = config_dir("cost_models") / f"{name_or_path}.yaml"
     if not candidate.is_file():
-        names = [p.stem for p in config_dir("cost_models").glob("*.yaml")]
+        # Cost models name their class; the Megatron-LM settings file beside them does not.
+        names = [p.stem for p in sorted(config_dir("cost_models").glob("*.yaml"))
+                 if "_target_" in (yaml.safe_load(p.read_text()) or {})]
         raise LayoutSearchError(unknown_name_message("cost model", str(name_or_path), names))
     return candidate
 

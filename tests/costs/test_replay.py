@@ -151,3 +151,10 @@ def test_a_search_over_a_job_the_file_never_ran_says_nothing_was_priced(
         "this job has seq_length=4096 where the nearest measured job has 2048, "
         f"global_batch_size=1024 where the nearest measured job has 2048 (rejects "
         f"{len(ranked)} of {len(ranked)} layouts)")
+
+
+def test_an_unknown_cost_model_lists_the_cost_models_only() -> None:
+    # megatron.yaml beside them holds the Megatron-LM settings, not a cost model.
+    with pytest.raises(LayoutSearchError, match=r"did you mean 'analytic'\? valid cost model "
+                       r"names: analytic, analytic_prior, measured, replay$"):
+        build_cost_model("analytc")
