@@ -116,16 +116,20 @@ def test_bad_files_and_configs_are_named(tmp_path: Path, measurement_row: dict[s
         build_cost_model("replay", path=str(bad))
 
 
+def _replay_search_fitting_nothing(path: Path, **job: int) -> pd.DataFrame:
+    """A 13B search at tp 1-2, pp 1 on 64 GPUs replaying `path`, which warns that nothing fits."""
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
+        return layoutsearch.search(model="llama_13b", num_gpus=64, cost_model={
+            "_target_": "layoutsearch.costs.replay.ReplayCostModel", "path": str(path)},
+            tp=[1, 2], pp=[1], **job)
+
+
 def test_a_search_over_out_of_memory_runs_alone_says_the_cost_model_found_no_fit(
         tmp_path: Path, measurement_row: dict[str, Any]) -> None:
     path = tmp_path / "oom.csv"
     _runs(measurement_row, {"status": "oom", "step_time_s": None, "mfu": None}).to_csv(
         path, index=False)
-    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
-        ranked = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=2048,
-                                     global_batch_size=2048, cost_model={
-                                         "_target_": "layoutsearch.costs.replay.ReplayCostModel",
-                                         "path": str(path)}, tp=[1, 2], pp=[1])
+    ranked = _replay_search_fitting_nothing(path, seq_length=2048, global_batch_size=2048)
     message = ranked.attrs["message"]
     # The layouts pass the rules; the measurements are what rules them out.
     assert message.startswith("no layout fits: ") and "pass the rules, and the cost model " \
@@ -138,11 +142,7 @@ def test_a_search_over_a_job_the_file_never_ran_says_nothing_was_priced(
         runs_csv: Path) -> None:
     # The file holds llama_13b with a 32000 vocabulary; this job has the catalog's 13B
     # at 4096 tokens: nothing is known about it, which is not the same as "too big".
-    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
-        ranked = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=4096,
-                                     global_batch_size=1024, cost_model={
-                                         "_target_": "layoutsearch.costs.replay.ReplayCostModel",
-                                         "path": str(runs_csv)}, tp=[1, 2], pp=[1])
+    ranked = _replay_search_fitting_nothing(runs_csv, seq_length=4096, global_batch_size=1024)
     message = ranked.attrs["message"]
     assert message.startswith("no layout was priced: ")
     assert "no layout fits" not in message
