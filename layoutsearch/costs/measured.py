@@ -94,14 +94,14 @@ class MeasurementFile:
         return {measurement_key(r): r for r in records}
 
     def append(self, row: Mapping[str, Any]) -> None:
-        values = {k: ("" if isinstance(v, float) and math.isnan(v) else v)
-                  for k, v in row.items()}
         empty = not self.path.is_file() or self.path.stat().st_size == 0
         if empty:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         if is_parquet(self.path):
             self._append_parquet(row, empty)
             return
+        values = {k: ("" if isinstance(v, float) and math.isnan(v) else v)
+                  for k, v in row.items()}
         if empty:
             fields = list(FILE_COLUMNS)
         else:
@@ -215,7 +215,7 @@ class MeasuredCostModel:
     @classmethod
     def from_config(cls, config: Mapping[str, Any], source: str = "") -> MeasuredCostModel:
         """From `cost_models/measured.yaml`: megatron, launcher, measurements, prescreen,
-        top_k, timeout_s."""
+        top_k, timeout_s, retry (a status name or a list of them)."""
         known = {"megatron", "launcher", "measurements", "prescreen", "top_k", "timeout_s",
                  "retry"}
         unknown = set(config) - known
