@@ -33,6 +33,7 @@ from layoutsearch.problem import SearchProblem
 from layoutsearch.results import (
     close_call_note,
     fabric_note,
+    failed_launches_note,
     headroom_note,
     mfu_convention_note,
     no_fit_message,
@@ -166,6 +167,7 @@ def search(
     ranked.attrs["close_call_note"] = _close_call_note(ranked, scorer, searcher, job)
     ranked.attrs["mfu_convention_note"] = mfu_convention_note(ranked, job)
     ranked.attrs["fabric_note"] = _fabric_note(ranked, scorer, job)
+    ranked.attrs["failed_launches_note"] = failed_launches_note(ranked)
     if message:
         warnings.warn(message, NoLayoutFitsWarning, stacklevel=2)
     return ranked

@@ -49,6 +49,29 @@ def headroom_note(ranked: pd.DataFrame) -> str:
             f"{safer['mfu']:.3f} ({gap:.1f} points lower, {safer['headroom_gib']:.1f} GiB free).")
 
 
+FAILED_LAUNCHES_NAMED = 5
+"""Failed launches a note names one by one (the rest are counted)."""
+
+
+def failed_launches_note(ranked: pd.DataFrame) -> str:
+    """When layouts ran, the launched ones that failed, which the ranking puts after every
+    layout that fits (a measured search's top prescreen picks may be among them); "" when
+    none failed or none fits (the no-fit message leads with them then)."""
+    if ranked.empty or not ranked["fits"].any():
+        return ""
+    failed = ranked[ranked["reason"].str.startswith(MEASURED_FAILURE)]
+    if failed.empty:
+        return ""
+    named = [f"row {i} {Layout.from_row({str(k): v for k, v in row.items()}).describe()} "
+             f"({str(row['reason']).removeprefix(MEASURED_FAILURE).split(':')[0]})"
+             for i, row in failed.head(FAILED_LAUNCHES_NAMED).iterrows()]
+    more = len(failed) - len(named)
+    return (f"{len(failed)} launched layout{'s' * (len(failed) != 1)} failed and rank after "
+            f"every layout that ran: {', '.join(named)}{f' and {more} more' if more else ''}; "
+            "each row's reason holds its log's line, and cost_models.retry=[<status>] "
+            "launches them again.")
+
+
 CLOSE_CALL_GAP = 0.05
 """Relative gap in predicted MFU within which the analytic model cannot call the order of two
 layouts: on the study's runs, the shipped constants' pairs of measured layouts of one job

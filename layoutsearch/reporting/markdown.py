@@ -56,7 +56,7 @@ def top_table(ranked: pd.DataFrame, k: int = TOP_K) -> str:
 NOTE_TITLES = {
     "message": "Nothing fits", "dry_run_note": "Dry run", "headroom_note": "Memory headroom",
     "close_call_note": "A close call", "fabric_note": "The fabric",
-    "mfu_convention_note": "MFU at long context",
+    "mfu_convention_note": "MFU at long context", "failed_launches_note": "Failed launches",
 }
 """`ranked.attrs` texts the job section shows, in this order, each under its title."""
 

@@ -17,7 +17,7 @@ import pytest
 import layoutsearch
 from layoutsearch.costs import build_cost_model
 from layoutsearch.costs.measured import MeasuredCostModel
-from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import read_measurements
 from layoutsearch.testing import (
     check_cost_model,
@@ -421,3 +421,20 @@ def test_extra_args_that_break_every_command_stop_the_search(tmp_path):
                              r"Megatron-LM would reject every command \(error: .*mock"):
         layoutsearch.search(cost_model=model, **SMALL_JOB)
     assert launches(tmp_path) == [] and not (tmp_path / "m.csv").exists()
+
+
+def test_failed_launches_are_named_in_a_note_when_others_ran(tmp_path):
+    model = fake_measured_model(tmp_path, top_k=3, inject="1=crash,2=oom")
+    ranked = layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert model.launched == 3 and ranked["fits"].sum() == 1
+    note = ranked.attrs["failed_launches_note"]
+    failed = ranked[ranked["reason"].str.startswith("measured ")]
+    assert len(failed) == 2 and failed.index.min() > 0  # after the layout that ran
+    first, second = (f"row {i} {Layout.from_row(dict(row)).describe()}"
+                     for i, row in failed.iterrows())
+    assert note.startswith(f"2 launched layouts failed and rank after every layout that "
+                           f"ran: {first} (")
+    assert f"{second} (" in note and "(error)" in note and "(oom)" in note
+    # Nothing failed: no note.
+    clean = fake_measured_model(tmp_path / "clean", top_k=1)
+    assert layoutsearch.search(cost_model=clean, **SMALL_JOB).attrs["failed_launches_note"] == ""
