@@ -63,7 +63,7 @@ def failed_launches_note(ranked: pd.DataFrame) -> str:
     if failed.empty:
         return ""
     named = [f"row {i} {Layout.from_row({str(k): v for k, v in row.items()}).describe()} "
-             f"({str(row['reason']).removeprefix(MEASURED_FAILURE).split(':')[0]})"
+             f"({row['measured_status']})"
              for i, row in failed.head(FAILED_LAUNCHES_NAMED).iterrows()]
     more = len(failed) - len(named)
     return (f"{len(failed)} launched layout{'s' * (len(failed) != 1)} failed and rank after "
