@@ -5,7 +5,12 @@ A cost model is any object with a `name` and a `score(candidates, clusters)` met
 the layout (see `space.SearchSpace.candidates`); `score` returns a frame on the same index
 with at least PREDICTION_COLUMNS, plus any breakdown columns (`time_*_s`, `memory_*_gib`).
 A cost model may also define `fingerprint() -> str`, what it prices with (constants, a file):
-a resumed optuna study refuses to continue under a model with another fingerprint.
+a resumed optuna study refuses to continue under a model with another fingerprint. And it may
+define `unpriced(candidates, clusters) -> pd.Series`: for each row, why it would return no
+figures for it ("" where it would), found without pricing anything — a replay's layouts the
+file never measured, a measured model's layouts it will not launch. The optuna driver
+treats those rows as it treats rule-breaking ones, so its budget of evaluations is spent
+on layouts that get a price.
 
     class Constant:
         name = "constant"
@@ -47,6 +52,17 @@ class CostModel(Protocol):
     ) -> pd.DataFrame:
         """One row per candidate (same index) with PREDICTION_COLUMNS and breakdowns."""
         ...
+
+
+def unpriced_reasons(model: CostModel, candidates: pd.DataFrame,
+                     clusters: Mapping[str, ClusterSpec]) -> pd.Series:
+    """Why `model` would price no figures for each row ("" where it would, and for every row
+    of a model without `unpriced`), on the candidates' index."""
+    unpriced = getattr(model, "unpriced", None)
+    if not callable(unpriced):
+        return pd.Series("", index=candidates.index, dtype=object)
+    reasons = unpriced(candidates, clusters)
+    return reasons.reindex(candidates.index).fillna("").astype(str)
 
 
 def cost_model_fingerprint(model: CostModel) -> str:

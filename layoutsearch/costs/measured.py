@@ -244,42 +244,30 @@ class MeasuredCostModel:
                    "measurements.csv", prescreen=prescreen, top_k=config.get("top_k"),
                    retry=[retry] if isinstance(retry, str) else list(retry))
 
-    def _selection(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
-                   reasons: pd.Series) -> tuple[list[Any], pd.DataFrame | None]:
-        """The rows to measure, best first, and the prescreen's scores (None without one).
-
-        Layouts that no Megatron-LM command runs as asked (flash1, say) are passed over
-        with their reason, so that the `top_k` launches all measure what was asked.
-        """
+    def _prescreened(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
+                     reasons: pd.Series) -> tuple[list[Any], pd.DataFrame | None]:
+        """The rows worth launching, best first, and the prescreen's scores (None without
+        one); the rows the prescreen predicts do not fit get that as their reason."""
         if self.prescreen is None:
-            ordered, prior = list(candidates.index), None
-            beyond = f"not measured: beyond top_k={self.top_k}"
-        else:
-            prior = self.prescreen.score(candidates, clusters)
-            name = self.prescreen.name
-            fits = prior["fits"].fillna(False).astype(bool)
-            reasons.loc[~fits] = (f"not measured: the {name} model predicts it does not fit: "
-                                  + prior.loc[~fits, "cost_reason"].astype(str))
-            ordered = list(prior[fits].sort_values("mfu", ascending=False, kind="stable").index)
-            beyond = f"not measured: outside the {name} top-{self.top_k}"
-        chosen: list[Any] = []
-        for i in ordered:
-            if self.top_k is not None and len(chosen) >= self.top_k:
-                reasons.loc[i] = beyond
-                continue
-            row = {str(k): v for k, v in candidates.loc[i].items()}
-            notes = command_of_row(row, clusters, self.settings).notes
-            if notes:
-                reasons.loc[i] = "not measured: " + notes[0]
-            else:
-                chosen.append(i)
-        return chosen, prior
+            return list(candidates.index), None
+        prior = self.prescreen.score(candidates, clusters)
+        fits = prior["fits"].fillna(False).astype(bool)
+        reasons.loc[~fits] = (f"not measured: the {self.prescreen.name} model predicts it "
+                              "does not fit: " + prior.loc[~fits, "cost_reason"].astype(str))
+        return list(prior[fits].sort_values("mfu", ascending=False, kind="stable").index), prior
 
-    def _measure(self, row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec],
-                 predicted_step_s: float | None) -> dict[str, Any] | str:
-        """A new measurement row, or why the layout cannot be launched. The prescreen's
-        predicted step time (s), when there is one, sizes the trial's time limit."""
+    def _recorded(self, known: Mapping[tuple[Any, ...], Mapping[str, Any]],
+                  row: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The file's row for this layout, unless its status is one to launch again."""
+        measured = known.get(measurement_key(row))
+        return None if measured is None or measured["status"] in self.retry else measured
+
+    def _refusal(self, row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec]) -> str:
+        """Why this layout is not launched ("" when it is): no Megatron-LM command runs it
+        as asked (flash1, say), or Megatron-LM's argument checks would reject the command."""
         command = command_of_row(row, clusters, self.settings)
+        if command.notes:
+            return "not measured: " + command.notes[0]
         errors = self._argv_errors(command)
         if errors and self.settings.extra_args and not self._argv_errors(
                 command_of_row(row, clusters, self.settings.replace(extra_args=()))):
@@ -292,6 +280,50 @@ class MeasuredCostModel:
                 f"launched, and the measurements in {self.file.path} are kept")
         if errors:
             return f"not measured: Megatron-LM would reject the command: {errors[0]}"
+        return ""
+
+    def _selection(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
+                   reasons: pd.Series, known: Mapping[tuple[Any, ...], Mapping[str, Any]],
+                   ) -> tuple[list[Any], pd.DataFrame | None]:
+        """The rows to price, best first — recorded in the file, or launched — and the
+        prescreen's scores (None without one). Layouts that are not launched are passed over
+        with their reason, so that the `top_k` rows all measure what was asked."""
+        ordered, prior = self._prescreened(candidates, clusters, reasons)
+        beyond = (f"not measured: beyond top_k={self.top_k}" if self.prescreen is None
+                  else f"not measured: outside the {self.prescreen.name} top-{self.top_k}")
+        chosen: list[Any] = []
+        for i in ordered:
+            if self.top_k is not None and len(chosen) >= self.top_k:
+                reasons.loc[i] = beyond
+                continue
+            row = {str(k): v for k, v in candidates.loc[i].items()}
+            refusal = "" if self._recorded(known, row) else self._refusal(row, clusters)
+            if refusal:
+                reasons.loc[i] = refusal
+            else:
+                chosen.append(i)
+        return chosen, prior
+
+    def unpriced(self, candidates: pd.DataFrame,
+                 clusters: Mapping[str, ClusterSpec]) -> pd.Series:
+        """Why each layout would get no figures, launching nothing: the prescreen predicts
+        it does not fit, or it is not recorded and would not be launched ("" otherwise).
+        `top_k` is left out: it ranks the rows of one call, and a driver that asks one
+        layout at a time gets each one priced."""
+        reasons = pd.Series("", index=candidates.index, dtype=object)
+        known = self.file.load()
+        ordered, _ = self._prescreened(candidates, clusters, reasons)
+        for i in ordered:
+            row = {str(k): v for k, v in candidates.loc[i].items()}
+            if not self._recorded(known, row):
+                reasons.loc[i] = self._refusal(row, clusters)
+        return reasons
+
+    def _measure(self, row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec],
+                 predicted_step_s: float | None) -> dict[str, Any] | str:
+        """A new measurement row, or why the layout could not be launched. The prescreen's
+        predicted step time (s), when there is one, sizes the trial's time limit."""
+        command = command_of_row(row, clusters, self.settings)
         name = _trial_name(row)
         problem = self.launcher.preflight(command)
         if problem:
@@ -343,16 +375,16 @@ class MeasuredCostModel:
             "measured_status": "", "tflops_per_gpu": np.nan,
         }, index=index)
         reasons = pd.Series("", index=index, dtype=object)
-        chosen, prior = self._selection(candidates, clusters, reasons)
+        known = self.file.load()
+        chosen, prior = self._selection(candidates, clusters, reasons, known)
         if prior is not None and self.prescreen is not None:
             out[f"{self.prescreen.name}_mfu"] = prior["mfu"]
-        known = self.file.load()
         records = {i: {str(k): v for k, v in r.items()}
                    for i, r in candidates.loc[chosen].to_dict("index").items()}
         for i in chosen:
             row = records[i]
-            measured = known.get(measurement_key(row))
-            if measured is None or measured["status"] in self.retry:
+            measured = self._recorded(known, row)
+            if measured is None:
                 predicted = None if prior is None else float(prior.loc[i, "step_time_s"])
                 outcome = self._measure(row, clusters, predicted)
                 if isinstance(outcome, str):

@@ -127,6 +127,13 @@ class ReplayCostModel:
             )
         return cls.load(str(path))
 
+    def unpriced(self, candidates: pd.DataFrame,
+                 clusters: Mapping[str, ClusterSpec]) -> pd.Series:
+        """The reason of each layout the file never measured ("" for the others): matching
+        is one merge, so this is `score` with the figures left out."""
+        reasons = self.score(candidates, clusters)["cost_reason"].astype(str)
+        return reasons.where(reasons.str.startswith(UNMEASURED), "")
+
     def score(
         self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec]
     ) -> pd.DataFrame:

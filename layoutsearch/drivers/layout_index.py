@@ -2,7 +2,8 @@
 
 A sampler proposes one value per knob. `LayoutIndex` maps the proposal to its candidate row
 (sequence parallelism at tp = 1 folds onto its "off" twin, as the candidate table does) and,
-when the proposal cannot be evaluated — it breaks a rule, or it was evaluated already —
+when the proposal cannot be evaluated — it breaks a rule, the cost model would return no
+figures for it (`unpriced`: a replay's unmeasured layout), or it was evaluated already —
 finds the closest row that can: the fewest steps along each knob's list of values (tp 2 -> 4
 is one step) plus one per differing choice (flash1 vs flash2). Drivers then try that row
 next, so a search keeps making progress in spaces where most combinations are infeasible.
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from layoutsearch.costs.base import unpriced_reasons
 from layoutsearch.problem import SearchProblem
 from layoutsearch.space import INTEGER_KNOBS, KNOBS
 
@@ -37,8 +39,11 @@ class LayoutIndex:
     """Label -> row position."""
     codes: np.ndarray
     """(rows, sampled knobs): position of each row's value in the knob's value list."""
+    unpriced: dict[int, str]
+    """Position -> why the cost model would price no figures for a row that passes the
+    rules (costs.base.unpriced_reasons); such rows are not open."""
     open: np.ndarray
-    """Positions of the rows that pass every rule."""
+    """Positions of the rows that pass every rule and that the cost model can price."""
 
     @classmethod
     def of(cls, problem: SearchProblem) -> LayoutIndex:
@@ -51,13 +56,19 @@ class LayoutIndex:
         codes = np.column_stack(
             [pd.Index(values).get_indexer(table[knob]) for knob, values in params.items()]
         ) if params else np.zeros((len(table), 0), dtype=np.int64)
+        passing = np.flatnonzero((table["rule_reason"] == "").to_numpy())
+        reasons = unpriced_reasons(problem.cost_model,
+                                   table.iloc[passing].drop(columns="rule_reason"),
+                                   problem.clusters).to_numpy(dtype=object)
+        unpriced = {int(i): str(r) for i, r in zip(passing, reasons, strict=True) if r}
         return cls(
             params=params,
             fixed={k: v[0] for k, v in axes.items() if len(v) == 1},
             labels=labels.tolist(),
             rows={label: i for i, label in enumerate(labels.tolist())},
             codes=codes,
-            open=np.flatnonzero((table["rule_reason"] == "").to_numpy()),
+            unpriced=unpriced,
+            open=np.array([i for i in passing if i not in unpriced], dtype=np.int64),
         )
 
     def label(self, params: Mapping[str, Any]) -> str:

@@ -1,4 +1,5 @@
-"""A conformance suite for cost models: the contract of `CostModel.score`, checked.
+"""A conformance suite for cost models: the contract of `CostModel.score` (and of
+`unpriced`, for a model that has it), checked.
 
 Any cost model (built in or a plug-in) can run it on its own candidates; it raises an
 AssertionError naming the first broken rule.
@@ -48,7 +49,17 @@ def check_cost_model(model: CostModel, candidates: pd.DataFrame | None = None,
     table = conformance_candidates() if candidates is None else candidates
     clusters = clusters_by_gpu() if clusters is None else clusters
     _check(isinstance(getattr(model, "name", None), str), "needs a `name` string")
+    # Asked first: for a measured model, scoring makes recorded what was not.
+    unpriced = model.unpriced(table, clusters) if hasattr(model, "unpriced") else None
     scored = model.score(table, clusters)
+    if unpriced is not None:
+        _check(isinstance(unpriced, pd.Series) and unpriced.index.equals(table.index)
+               and bool(unpriced.map(lambda r: isinstance(r, str)).all()),
+               "unpriced must return a Series of strings on the candidates' index")
+        named = (unpriced != "").to_numpy()
+        _check(not scored["fits"].to_numpy()[named].any()
+               and bool(scored["mfu"].isna().to_numpy()[named].all()),
+               "a row `unpriced` names must get no figures from score")
     _check(isinstance(scored, pd.DataFrame), "score must return a DataFrame")
     _check(scored.index.equals(table.index), "the result must keep the candidates' index")
     missing = [c for c in PREDICTION_COLUMNS if c not in scored.columns]

@@ -169,6 +169,29 @@ def test_measured_model_conforms_and_never_launches_what_megatron_cannot_run(tmp
     assert scored["cost_reason"].iloc[0].startswith("not measured: flash1 cannot be selected")
 
 
+def test_unpriced_names_the_layouts_it_would_not_launch_and_launches_nothing(
+        tmp_path, candidate):
+    model = fake_measured_model(tmp_path)  # prescreened by the analytic model
+    clusters = layoutsearch.catalog.clusters_by_gpu()
+    runs = conformance_candidates(limit=1)
+    flash1 = runs.assign(attention="flash1").set_axis([1])
+    too_big = candidate("llama_65b", tp=1, pp=1, num_gpus=8, global_batch_size=64)
+    table = pd.concat([runs, flash1, too_big.set_axis([2])])
+    unpriced = model.unpriced(table, clusters)
+    assert unpriced.iloc[0] == ""
+    assert unpriced.iloc[1].startswith("not measured: flash1 cannot be selected")
+    assert unpriced.iloc[2].startswith(
+        "not measured: the analytic model predicts it does not fit: ")
+    assert model.launched == 0 and launches(tmp_path) == []
+    # The same flash1 layout measured elsewhere and recorded in the file is priced from it.
+    model.file.append({**flash1.iloc[0].to_dict(), "gpus_per_node": 8, "status": "ok",
+                       "step_time_s": 2.0, "mfu": 0.31})
+    assert model.unpriced(flash1, clusters).iloc[0] == ""
+    scored = model.score(flash1, clusters)
+    assert bool(scored["fits"].iloc[0]) and scored["mfu"].iloc[0] == pytest.approx(0.31)
+    assert model.launched == 0
+
+
 def test_an_attention_switch_inherited_from_the_shell_cannot_stop_the_run(
         tmp_path, monkeypatch):
     # Ranks inherit the search's environment (on Slurm, the submitting shell's): with

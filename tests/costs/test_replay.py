@@ -63,6 +63,20 @@ def test_oom_does_not_fit_and_unmeasured_is_not_guessed(runs_csv: Path,
     assert scored[["mfu", "step_time_s"]].isna().all().all()
 
 
+def test_unpriced_names_only_the_layouts_never_measured(runs_csv: Path,
+                                                       candidate: Any) -> None:
+    model = ReplayCostModel.load(runs_csv)
+    common = {"attention": "flash2", "rmsnorm_kernel": True}
+    rows = pd.concat([candidate("llama_13b", tp=tp, **common) for tp in (2, 1, 8)],
+                     ignore_index=True)
+    rows["vocab_size"] = 32000
+    rows.index = [30, 10, 20]
+    unpriced = model.unpriced(rows, clusters_by_gpu())
+    # Measured (ok or out of memory): priced. Never measured: not.
+    assert unpriced.to_dict() == {
+        30: "", 10: "", 20: f"unmeasured: no measurement of this layout in {runs_csv}"}
+
+
 def test_matches_on_dimensions_not_the_model_name(runs_csv: Path, candidate: Any) -> None:
     rows = candidate("llama_13b", tp=2, attention="flash2", rmsnorm_kernel=True)
     rows["vocab_size"] = 32000

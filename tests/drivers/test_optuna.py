@@ -8,7 +8,6 @@ every search well under a second with the analytic model.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import signal
@@ -78,10 +77,11 @@ class CountingModel:
         return self.log.read_text().splitlines() if self.log.exists() else []
 
 
-def make_problem(model: Any, num_gpus: int = 16) -> SearchProblem:
+def make_problem(model: Any, num_gpus: int = 16,
+                 space: SearchSpace | None = None) -> SearchProblem:
     job = Job(model=load_model(JOB["model"]), cluster=load_cluster("a100_80gb"),
               num_gpus=num_gpus, seq_length=2048, global_batch_size=256)
-    space = SearchSpace.load("paper").pin(**SPACE)
+    space = space or SearchSpace.load("paper").pin(**SPACE)
     return SearchProblem.build(job, space, model, clusters_by_gpu())
 
 
@@ -147,6 +147,77 @@ def test_warm_start_tries_the_analytic_top_k_first(counting: CountingModel) -> N
     first = ranked.sort_values("trial").head(4)
     assert first["trial"].tolist() == [0, 1, 2, 3]
     assert [label(r) for _, r in first.iterrows()] == [label(r) for _, r in grid.head(4).iterrows()]
+
+
+class TorchUnmeasured(CountingModel):
+    """Like a replay of a file that never ran torch attention: no figures for those rows."""
+
+    REASON = "unmeasured: no torch-attention runs in this file"
+
+    def unpriced(self, candidates: pd.DataFrame,
+                 clusters: Mapping[str, ClusterSpec]) -> pd.Series:
+        torch = candidates["attention"].astype(str) == "torch"
+        return pd.Series(np.where(torch, self.REASON, ""), index=candidates.index)
+
+    def score(self, candidates: pd.DataFrame,
+              clusters: Mapping[str, ClusterSpec]) -> pd.DataFrame:
+        scored = super().score(candidates, clusters)
+        torch = (candidates["attention"].astype(str) == "torch").to_numpy()
+        scored.loc[torch, ["mfu", "step_time_s", "tokens_per_s", "peak_memory_gib"]] = np.nan
+        scored.loc[torch, "fits"] = False
+        scored.loc[torch, "cost_reason"] = self.REASON
+        return scored
+
+
+def test_layouts_the_cost_model_cannot_price_spend_no_evaluation(tmp_path: Path) -> None:
+    model = TorchUnmeasured(tmp_path / "priced.txt")
+    problem = make_problem(model)
+    ranked = OptunaDriver(n_trials=30, warm_start="analytic", warm_start_top_k=3,
+                          progress=False).run(problem)
+    priced = model.priced()
+    assert len(priced) == len(ranked) == 30 and len(set(priced)) == 30
+    assert not any("attention=torch" in layout for layout in priced)
+    assert ranked.attrs["trials"] > 30  # sampled torch layouts were trials all the same
+    # The warm start's guesses are the analytic model's best among the priceable layouts.
+    grid = search(**JOB, search_space=problem.space)
+    best_priceable = grid[grid["attention"] != "torch"].head(3)
+    first = ranked.sort_values("trial").head(3)
+    assert [label(r) for _, r in first.iterrows()] == [
+        label(r) for _, r in best_priceable.iterrows()]
+
+
+def test_a_trial_on_a_layout_without_a_price_records_why(tmp_path: Path) -> None:
+    model = TorchUnmeasured(tmp_path / "priced.txt")
+    problem = make_problem(model)
+    driver = OptunaDriver(n_trials=1, progress=False)
+    storage = open_storage(None)
+    study = driver.open_study(problem, storage)
+    index = LayoutIndex.of(problem)
+    torch = next(i for i in index.unpriced)
+    study.enqueue_trial(encode(index, index.params_of(torch)))
+    worker = Worker(driver, problem, index, study, storage, 0)
+    trial = study.ask()
+    worker.answer(trial)
+    frozen = study.get_trials(deepcopy=False)[0]
+    assert frozen.user_attrs["reason"] == TorchUnmeasured.REASON
+    assert frozen.constraints == {"priced": 1.0}
+    assert model.priced() == []
+
+
+def test_with_no_layout_it_can_price_the_driver_answers_with_the_reasons(
+        tmp_path: Path) -> None:
+    model = TorchUnmeasured(tmp_path / "priced.txt")
+    space = SearchSpace.load("paper").pin(**{**SPACE, "attention": ["torch"]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ranked = search(**JOB, search_space=space, cost_model=model,
+                        driver={"name": "optuna", "n_trials": 10, "progress": False})
+    assert model.priced() == [] and not ranked["fits"].any()
+    assert ranked.attrs["space_size"] == len(ranked)  # every layout, each with its reason
+    assert ranked.attrs["message"].startswith("no layout was priced: ")
+    passing = make_problem(model, space=space).feasible_candidates()
+    assert (ranked["reason"] == TorchUnmeasured.REASON).sum() == len(passing) > 0
+    assert (ranked["reason"] != "").all()
 
 
 def test_target_stops_the_search_once_reached(counting: CountingModel) -> None:
@@ -449,13 +520,13 @@ def test_the_command_line_runs_an_optuna_search_over_replayed_runs(
         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
     )
     ranked = pd.read_csv(tmp_path / "run" / "ranked.csv")
-    # Status 3 when none of the 4 sampled layouts is the one measured row: nothing known to fit.
-    assert done.returncode == (0 if ranked["fits"].any() else 3), done.stderr
-    assert len(ranked) == 4 and ranked["trial"].is_unique
+    # The file measured one layout: the study prices it, and spends nothing on the others.
+    assert done.returncode == 0, done.stderr
+    assert len(ranked) == 1 and ranked["trial"].is_unique
     assert {*LAYOUT_COLUMNS, *PREDICTION_COLUMNS[:-1], "reason"} <= set(ranked.columns)
-    unmeasured = ranked[ranked["mfu"].isna()]
-    assert unmeasured["reason"].str.startswith("unmeasured: no measurement").all()
-    assert json.dumps(sorted(ranked["tp"].unique().tolist())) in ("[1]", "[2]", "[1, 2]")
+    best = ranked.iloc[0]
+    assert bool(best["fits"]) and best["mfu"] == pytest.approx(measurement_row["mfu"])
+    assert (best["tp"], best["attention"]) == (measurement_row["tp"], measurement_row["attention"])
 
 
 def test_a_sample_with_no_fit_says_it_saw_only_part_of_the_space() -> None:

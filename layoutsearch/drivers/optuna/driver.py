@@ -2,14 +2,16 @@
 
 Each trial samples the space's knobs (ask/tell). A layout that breaks a rule is never sent
 to the cost model: the trial is recorded with the rule's reason and a violated constraint
-(`trial.set_constraint`), which TPE and NSGA-II learn from. A layout already evaluated — by
-this process, another worker or an earlier run of the study — is not evaluated again: the
-trial reuses the stored value. Either way the nearest layout that can still be evaluated
-is queued next (`layout_index.py`), so few-feasible spaces do not stall the search. A cost
-model that raises fails that trial (the error is kept in its user attributes) and the
-search goes on. Studies live in any optuna storage (`sqlite:///...`, a journal file,
-`postgresql://...`): a killed search resumes where it stopped and workers share a study.
-The package `drivers/optuna/` is the only code that imports optuna.
+(`trial.set_constraint`), which TPE and NSGA-II learn from. So is a layout the cost model
+says it has no figures for (`unpriced` in costs/base.py: a replay's unmeasured layouts, a
+measured model's flash1 ones), so that `n_trials` counts layouts that get a price. A layout
+already evaluated — by this process, another worker or an earlier run of the study — is not
+evaluated again: the trial reuses the stored value. Either way the nearest layout that can
+still be evaluated is queued next (`layout_index.py`), so few-feasible spaces do not stall
+the search. A cost model that raises fails that trial (the error is kept in its user
+attributes) and the search goes on. Studies live in any optuna storage (`sqlite:///...`,
+a journal file, `postgresql://...`): a killed search resumes where it stopped and workers
+share a study. The package `drivers/optuna/` is the only code that imports optuna.
 
     ranked = search(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
                     driver={"name": "optuna", "n_trials": 40, "warm_start": "analytic"})
@@ -202,6 +204,8 @@ class OptunaDriver:
             storage = open_storage(self.storage)
             study = self.open_study(problem, storage)
             fail_dead_workers(study, storage)
+            if not len(index.open):
+                return self.nothing_to_sample(problem, index)
             self._warm_start(study, problem, index)
             if self.n_workers == 1:
                 Worker(self, problem, index, study, storage, 0).run()
@@ -229,7 +233,8 @@ class OptunaDriver:
                 "analytic, a calibrated analytic file or a replay of measurements")
         guess = SearchProblem(problem.job, problem.space, problem.candidates, model,
                               problem.clusters)
-        ranked = rank(guess.evaluate(guess.feasible_candidates()))
+        open_rows = problem.candidates.index[index.open]
+        ranked = rank(guess.evaluate(problem.candidates.loc[open_rows]))
         for _, row in ranked.head(self.warm_start_top_k).iterrows():
             params = {k: plain(row[k]) for k in index.params}
             study.enqueue_trial(encode(index, params), skip_if_exists=True, user_attrs={
@@ -258,6 +263,17 @@ class OptunaDriver:
                 f"optuna workers failed (exit codes {[p.exitcode for p in workers]}): "
                 + "; ".join(messages)
             )
+
+    def nothing_to_sample(self, problem: SearchProblem, index: LayoutIndex) -> pd.DataFrame:
+        """Every layout with why it cannot be evaluated (a rule, or no price), when none can:
+        the reasons are the answer, as the grid driver would give them (no trial runs)."""
+        reasons = problem.candidates["rule_reason"].to_numpy(dtype=object).copy()
+        reasons[list(index.unpriced)] = list(index.unpriced.values())
+        out = problem.candidates.drop(columns="rule_reason").assign(
+            **{**UNPRICED, "reason": reasons})
+        for column in ("mfu", "step_time_s", "tokens_per_s", "peak_memory_gib"):
+            out[column] = out[column].astype(float)
+        return out.reset_index(drop=True)
 
     def results(self, study: optuna.Study, problem: SearchProblem,
                 index: LayoutIndex) -> pd.DataFrame:

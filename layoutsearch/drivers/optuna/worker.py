@@ -1,9 +1,9 @@
 """One optuna worker: asks for trials and answers each by rejecting, reusing or pricing it.
 
-A layout that breaks a rule is never sent to the cost model (a violated constraint); one
-already priced reuses the stored value; after either, the nearest open layout is queued.
-Integer knobs are trial parameters as positions in their ordered values, so TPE sees that
-tp 4 lies between 2 and 8.
+A layout that breaks a rule, or that the cost model would return no figures for, is never
+sent to the cost model (a violated constraint); one already priced reuses the stored value;
+after either, the nearest open layout is queued. Integer knobs are trial parameters as
+positions in their ordered values, so TPE sees that tp 4 lies between 2 and 8.
 
     Worker(driver, problem, LayoutIndex.of(problem), study, storage, number=0).run()
 """
@@ -181,12 +181,15 @@ class Worker:
         label = self.index.label(params)
         trial.set_user_attr("layout", label)
         position = self.index.rows.get(label)
-        reason = ("not a candidate of this search" if position is None
-                  else str(self.problem.candidates["rule_reason"].iat[position]))
+        rule = ("not a candidate of this search" if position is None
+                else str(self.problem.candidates["rule_reason"].iat[position]))
+        unpriced = "" if position is None else self.index.unpriced.get(position, "")
         trials = self.study.get_trials(deepcopy=False)
-        if reason:
-            trial.set_user_attr("reason", reason)
-            trial.set_constraint("rules", 1.0)
+        if rule or unpriced:
+            # Like a rule, a layout the cost model has no figures for (a replay's unmeasured
+            # one) would cost an evaluation and teach the sampler nothing about its value.
+            trial.set_user_attr("reason", rule or unpriced)
+            trial.set_constraint("rules" if rule else "priced", 1.0)
             self.queue_nearest(params, trials)
             return TrialState.COMPLETE, self.worst
         for other in trials:
