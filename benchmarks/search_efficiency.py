@@ -1,11 +1,11 @@
 """How many evaluations the optuna driver needs to find a near-best layout (issue 3 targets).
 
 Each job (sweep) of a measurement file is replayed: the search space is spanned by the knob
-values the sweep used, and only the layouts that were measured (status ok or oom) are
-candidates — every other combination gets a rule reason ("not measured"), so the driver
-rejects it without calling the cost model, as it rejects any rule-breaking layout. An
-evaluation is a call of the replay cost model: one that would launch a real run. It counts
-whether the run finished or went out of memory.
+values the sweep used, and the replay cost model prices the layouts that were measured
+(status ok or oom). Every other combination is one the model has no figures for
+(`unpriced`), so the driver rejects it without calling the cost model, as it rejects any
+rule-breaking layout. An evaluation is a call of the replay cost model: one that would
+launch a real run. It counts whether the run finished or went out of memory.
 
 Per job it prints the measured layouts and the evaluations needed to first reach a layout
 within 1 MFU point of the sweep's best: random search (expected value, exact: sampling
@@ -33,7 +33,6 @@ from layoutsearch.costs.replay import ReplayCostModel, summarize_runs
 from layoutsearch.drivers.optuna import OptunaDriver
 from layoutsearch.measurements import JOB_KEY, MEASUREMENT_KEY, read_measurements
 from layoutsearch.problem import SearchProblem
-from layoutsearch.rules import violations
 from layoutsearch.space import KNOBS, SearchSpace
 from layoutsearch.specs import ClusterSpec, Job, ModelSpec
 
@@ -58,6 +57,11 @@ class TimedCostModel:
         finally:
             self.seconds += time.perf_counter() - start
 
+    def unpriced(self, candidates: pd.DataFrame,
+                 clusters: Mapping[str, ClusterSpec]) -> pd.Series:
+        """The replay's unmeasured layouts; the driver asks once per search (driver time)."""
+        return self.inner.unpriced(candidates, clusters)
+
 
 def job_problem(runs: pd.DataFrame, source: str) -> tuple[SearchProblem, pd.DataFrame]:
     """The sweep as a search problem whose only candidates are its measured layouts."""
@@ -69,24 +73,19 @@ def job_problem(runs: pd.DataFrame, source: str) -> tuple[SearchProblem, pd.Data
     job = Job(model=model, cluster=cluster, num_gpus=int(first["num_gpus"]),
               seq_length=int(first["seq_length"]),
               global_batch_size=int(first["global_batch_size"]))
-    measured = summarize_runs(runs)
-    measured = measured[measured["status"].isin(["ok", "oom"])]
+    finished_or_oom = runs[runs["status"].isin(["ok", "oom"])]
+    measured = summarize_runs(finished_or_oom)
     space = SearchSpace.from_dict(
         {k: sorted(set(measured[k].tolist())) for k in KNOBS}, name="measured"
     )
-    candidates = space.candidates(job)
     clusters = {**clusters_by_gpu(), cluster.gpu.name: cluster}
-    rules = violations(candidates, clusters)
+    timed = TimedCostModel(ReplayCostModel(finished_or_oom, source=source))
+    problem = SearchProblem.build(job, space, timed, clusters)
     key = list(MEASUREMENT_KEY)
-    keys = candidates.loc[:, key].merge(
-        measured.loc[:, key].assign(_measured=True), on=key, how="left"
-    )["_measured"].fillna(False).astype(bool).to_numpy()
-    candidates["rule_reason"] = rules.where(keys | (rules != ""), f"not measured in {source}")
-    rejected = int((keys & (rules != "")).sum())
+    rejected = len(problem.candidates[problem.candidates["rule_reason"] != ""].loc[:, key]
+                   .merge(measured.loc[:, key], on=key))
     if rejected:
         print(f"  note: the rules reject {rejected} measured layouts of {model.name}")
-    timed = TimedCostModel(ReplayCostModel(runs, source=source))
-    problem = SearchProblem(job, space, candidates, timed, clusters)
     return problem, measured
 
 
@@ -112,8 +111,8 @@ def main() -> None:
     verdicts = []
     for _, job_runs in runs.groupby(list(JOB_KEY), sort=False):
         problem, measured = job_problem(job_runs, Path(args.runs).name)
-        eligible = problem.candidates[problem.candidates["rule_reason"] == ""]
-        merged = eligible.loc[:, list(MEASUREMENT_KEY)].merge(measured, on=list(MEASUREMENT_KEY))
+        merged = problem.feasible_candidates().loc[:, list(MEASUREMENT_KEY)].merge(
+            measured, on=list(MEASUREMENT_KEY))
         best = float(merged["mfu"].max())
         target = best - WITHIN_MFU
         good = int((merged["mfu"] >= target).sum())
