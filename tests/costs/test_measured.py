@@ -433,7 +433,9 @@ def test_measured_settings_name_their_rule(tmp_path, setting, value, rule):
         build_cost_model("measured", measurements=str(tmp_path / "m.csv"), **{setting: value})
 
 
-def test_extra_args_that_break_every_command_stop_the_search(tmp_path):
+@pytest.mark.parametrize("driver", ["grid", {"name": "optuna", "n_trials": 2,
+                                               "progress": False}])
+def test_extra_args_that_break_every_command_stop_the_search(tmp_path, driver):
     # --data-path with the --mock-data every command carries: Megatron-LM refuses both.
     settings = fake_megatron_settings(tmp_path)
     settings = settings.replace(extra_args=("--data-path", "/data/corpus_text_document"))
@@ -442,7 +444,7 @@ def test_extra_args_that_break_every_command_stop_the_search(tmp_path):
     with pytest.raises(layoutsearch.LayoutSearchError,
                        match=r"extra_args \['--data-path', '/data/corpus_text_document'\], "
                              r"Megatron-LM would reject every command \(error: .*mock"):
-        layoutsearch.search(cost_model=model, **SMALL_JOB)
+        layoutsearch.search(cost_model=model, driver=driver, **SMALL_JOB)
     assert launches(tmp_path) == [] and not (tmp_path / "m.csv").exists()
 
 
@@ -461,3 +463,16 @@ def test_failed_launches_are_named_in_a_note_when_others_ran(tmp_path):
     # Nothing failed: no note.
     clean = fake_measured_model(tmp_path / "clean", top_k=1)
     assert layoutsearch.search(cost_model=clean, **SMALL_JOB).attrs["failed_launches_note"] == ""
+
+
+def test_an_optuna_search_spends_its_trials_on_launches_only(tmp_path):
+    # Half the space is flash1, which no current Megatron-LM command runs: every evaluation
+    # of the study must still be a launch.
+    model = fake_measured_model(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ranked = layoutsearch.search(
+            cost_model=model, attention=["flash1", "flash2"], **SMALL_JOB,
+            driver={"name": "optuna", "n_trials": 3, "seed": 0, "progress": False})
+    assert model.launched == len(ranked) == len(launches(tmp_path)) == 3
+    assert (ranked["attention"] == "flash2").all()
