@@ -102,6 +102,11 @@ def _model_args(model: ModelSpec, seq_length: int) -> list[str]:
         "--max-position-embeddings", str(max(seq_length, model.max_position_embeddings)),
         "--position-embedding-type", model.position_embedding_type,
         "--normalization", model.normalization,
+        # arguments.py::_add_regularization_args defaults both to 0.1; the cost model prices
+        # blocks without dropout (costs/memory.py: no dropout masks are kept), as LLaMA
+        # trains, so a launch measures the model that was priced.
+        "--attention-dropout", "0.0",
+        "--hidden-dropout", "0.0",
     ]
     if model.position_embedding_type == "rope":
         argv += ["--rotary-base", str(model.rotary_base)]

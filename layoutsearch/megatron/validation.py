@@ -69,6 +69,9 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--swiglu", action="store_true")
     p.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     p.add_argument("--no-persist-layer-norm", action="store_true")
+    # _add_regularization_args
+    p.add_argument("--attention-dropout", type=float, default=0.1)
+    p.add_argument("--hidden-dropout", type=float, default=0.1)
     # _add_training_args
     p.add_argument("--micro-batch-size", type=int)
     p.add_argument("--global-batch-size", type=int)

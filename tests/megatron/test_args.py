@@ -51,6 +51,8 @@ def test_llama_flags_and_short_run():
     assert args.log_interval == 1 and args.eval_iters == 0
     assert args.tokenizer_type == "NullTokenizer"
     assert "--group-query-attention" not in argv  # llama 13b has no GQA
+    # Megatron-LM's defaults are 0.1; the priced (and LLaMA's) blocks have no dropout.
+    assert args.attention_dropout == 0.0 and args.hidden_dropout == 0.0
 
 
 def test_rope_base_is_the_models():
