@@ -59,6 +59,8 @@ from layoutsearch.space import DP_IS_DERIVED, SearchSpace
 from layoutsearch.specs import ClusterSpec, GPUSpec, Job, ModelSpec
 
 CONF_DIR = Path(__file__).parent / "conf"
+CONFIG_NAME = "layoutsearch"
+"""The primary config, `conf/layoutsearch.yaml`."""
 
 GROUP_DIRS: dict[str, Callable[[], Path]] = {
     "model": lambda: MODEL_DIR,
@@ -87,8 +89,11 @@ to fit, and its summary shows each job's count of fitting layouts. A measured se
 run exits 0 too: nothing fits because nothing ran, and its scripts are the answer."""
 
 
-def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in GROUP_DIRS[group]().glob("*.yaml"))
+def group_options(group: str, extra: Sequence[Path] = ()) -> list[str]:
+    """The options of `group`: the shipped ones, and those in the user's config folders
+    `extra` (`--config-dir`, `hydra.searchpath`), where `<folder>/<group>/<name>.yaml`."""
+    folders = [GROUP_DIRS[group](), *(folder / group for folder in extra)]
+    return sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
 
 
 def run(config: Mapping[str, Any], output_dir: Path,
@@ -197,7 +202,7 @@ def _group_choices(override: Override) -> Iterator[str]:
 
 def _primary_config() -> dict[str, Any]:
     """`conf/layoutsearch.yaml` as written: its settings and its group defaults."""
-    return cast(dict[str, Any], yaml.safe_load((CONF_DIR / "layoutsearch.yaml").read_text()))
+    return cast(dict[str, Any], yaml.safe_load((CONF_DIR / f"{CONFIG_NAME}.yaml").read_text()))
 
 
 def _known_keys() -> dict[str, list[str]]:
@@ -222,10 +227,15 @@ def _chosen_options(group: str, overrides: Sequence[Override]) -> list[str]:
     return [str(d[group]) for d in primary["defaults"] if isinstance(d, dict) and group in d]
 
 
-def _option_config(group: str, option: str) -> dict[str, Any]:
-    path = GROUP_DIRS[group]() / f"{option}.yaml"
-    config = yaml.safe_load(path.read_text()) if path.is_file() else None
-    return config if isinstance(config, dict) else {}
+def _option_config(group: str, option: str, extra: Sequence[Path] = ()) -> dict[str, Any]:
+    """An option's YAML as written: the user's folders first, as Hydra's search path puts
+    them before the shipped configs."""
+    for folder in (*(folder / group for folder in extra), GROUP_DIRS[group]()):
+        path = folder / f"{option}.yaml"
+        if path.is_file():
+            config = yaml.safe_load(path.read_text())
+            return config if isinstance(config, dict) else {}
+    return {}
 
 
 SETTING_GROUPS = ("driver", "cost_models")
@@ -233,14 +243,15 @@ SETTING_GROUPS = ("driver", "cost_models")
 `cost_models.top_k`): a setting of another option is refused, naming that option."""
 
 
-def _chosen_settings(group: str, overrides: Sequence[Override]) -> tuple[str, list[str]]:
+def _chosen_settings(group: str, overrides: Sequence[Override],
+                     extra: Sequence[Path] = ()) -> tuple[str, list[str]]:
     """The option of `group` the command selects (the default's unless it says) and its keys."""
     name = _chosen_options(group, overrides)[-1]
-    return name, list(_option_config(group, name))
+    return name, list(_option_config(group, name, extra))
 
 
 def check_setting_key(override: Override, group: str, chosen: str,
-                      keys: Sequence[str]) -> None:
+                      keys: Sequence[str], extra: Sequence[Path] = ()) -> None:
     """`driver.n_trials=5` under the grid driver, `cost_models.top_k=8` under the analytic
     model: say which option has that setting."""
     key = override.key_or_group
@@ -250,8 +261,8 @@ def check_setting_key(override: Override, group: str, chosen: str,
     if name in keys:
         return
     # `cost_models/` also holds the Megatron-LM settings, which are not a cost model.
-    owners = [o for o in group_options(group)
-              if name in (config := _option_config(group, o))
+    owners = [o for o in group_options(group, extra)
+              if name in (config := _option_config(group, o, extra))
               and (group != "cost_models" or "_target_" in config)]
     if owners:
         raise LayoutSearchError(
@@ -320,28 +331,52 @@ def check_key(override: Override, known: Mapping[str, list[str]]) -> None:
         raise LayoutSearchError(unknown_name_message(where, name, known[parent]) + hint)
 
 
+def user_config_folders(args: argparse.Namespace,
+                        overrides: Sequence[Override]) -> list[Path] | None:
+    """The config folders the command adds (`--config-dir`, `hydra.searchpath=[...]` of
+    plain or `file://` paths); None where one cannot be listed (a `pkg://` entry)."""
+    entries = [args.config_dir] if args.config_dir else []
+    for override in overrides:
+        if override.key_or_group == "hydra.searchpath":
+            value = override.value()
+            entries += [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    folders = []
+    for entry in entries:
+        if "://" in entry and not entry.startswith("file://"):
+            return None
+        folders.append(Path(entry.removeprefix("file://")).expanduser())
+    return folders
+
+
 def check_group_choices(argv: Sequence[str]) -> None:
     """Reject an unknown option of a group (`model=llama13b`) or an unknown setting
     (`num_gpu=64`) with the closest valid name.
 
-    Hydra would report them too, but with status 1 and no suggestion. Skipped when the user
-    adds config folders of their own (`--config-dir`, `hydra.searchpath=`).
+    Hydra would report them too, but with status 1 and no suggestion (and `+num_gpu=128`,
+    which Hydra's own hint suggests, would be silently ignored). Options and settings in
+    the user's config folders (`--config-dir`, `hydra.searchpath=`) count as valid; a
+    search path that cannot be listed (`pkg://`) leaves the option names to Hydra, and a
+    primary config of the user's own (`--config-name`) leaves everything to it.
     """
     parsed = _parsed(argv)
     if parsed is None:
         return
     args, overrides = parsed
-    if args.config_dir or any(o.key_or_group == "hydra.searchpath" for o in overrides):
+    if args.config_name not in (None, CONFIG_NAME):
         return
+    extra = user_config_folders(args, overrides)
     known = _known_keys()
-    chosen = {group: _chosen_settings(group, overrides) for group in SETTING_GROUPS}
+    chosen = {group: _chosen_settings(group, overrides, extra or ())
+              for group in SETTING_GROUPS}
     for override in overrides:
         check_key(override, known)
+        if extra is None:
+            continue
         for group, (option, keys) in chosen.items():
-            check_setting_key(override, group, option, keys)
+            check_setting_key(override, group, option, keys, extra)
         if override.key_or_group not in GROUP_DIRS or override.type is OverrideType.DEL:
             continue
-        options = group_options(override.key_or_group)
+        options = group_options(override.key_or_group, extra)
         if override.value() in (None, ""):
             group = override.key_or_group
             raise LayoutSearchError(f"{group}={override.value() or 'null'}: a {group} must be "
@@ -391,7 +426,7 @@ class MultirunSummary(Callback):
             sys.exit(USER_ERROR_STATUS)
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="layoutsearch")
+@hydra.main(version_base="1.3", config_path="conf", config_name=CONFIG_NAME)
 def _app(cfg: DictConfig) -> None:
     hydra_config = HydraConfig.get()
     output_dir = Path(hydra_config.runtime.output_dir)

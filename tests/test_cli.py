@@ -200,6 +200,27 @@ def test_group_choices_are_checked_in_sweeps_too() -> None:
     check_group_choices(["-m", "model=llama_13b,llama_65b", "model.vocab_size=1000", "~driver"])
 
 
+def test_a_users_config_folder_adds_options_and_keeps_every_check(tmp_path: Path) -> None:
+    folder = tmp_path / "my_configs"
+    (folder / "cost_models").mkdir(parents=True)
+    (folder / "cost_models" / "mine.yaml").write_text(
+        "_target_: layoutsearch.costs.replay.ReplayCostModel\npath: runs.csv\n")
+    for added in (["--config-dir", str(folder)], [f"hydra.searchpath=[file://{folder}]"]):
+        check_group_choices([*added, "cost_models=mine", "cost_models.path=other.csv"])
+        with pytest.raises(LayoutSearchError, match="did you mean 'num_gpus'"):
+            check_group_choices([*added, "+num_gpu=128"])  # Hydra's hint, read by nothing
+        with pytest.raises(LayoutSearchError, match="did you mean 'llama_13b'"):
+            check_group_choices([*added, "model=llama13b"])
+        with pytest.raises(LayoutSearchError, match="did you mean 'mine'"):
+            check_group_choices([*added, "cost_models=mien"])
+        with pytest.raises(LayoutSearchError, match="cost_models=mine has no setting 'top_k'"):
+            check_group_choices([*added, "cost_models=mine", "cost_models.top_k=3"])
+    # A search path it cannot list leaves option names to Hydra; settings are still checked.
+    check_group_choices(["hydra.searchpath=[pkg://my_configs]", "model=my_model"])
+    with pytest.raises(LayoutSearchError, match="did you mean 'num_gpus'"):
+        check_group_choices(["hydra.searchpath=[pkg://my_configs]", "num_gpu=8"])
+
+
 def test_a_driver_setting_under_another_driver_names_the_driver_that_has_it() -> None:
     with pytest.raises(LayoutSearchError, match=re.escape(
             "driver.n_trials: driver=grid has no setting 'n_trials'; it is a setting of "
