@@ -5,7 +5,10 @@ command (which states the first and last stage's layers when the split is uneven
 split when `pp` divides the layers; otherwise the middle stages get c = ceil(L/pp), and the
 first and last share the rest, the last the smaller half (it also runs the output layer and
 the loss; the first keeps pp micro-batches of activations under 1F1B). When that would leave
-an end stage empty (L=5, pp=4) the middle stages get floor(L/pp) and the first the remainder.
+an end stage empty (L=5, pp=4; L=40, pp=16) the middle stages get floor(L/pp) and the first
+and last share the rest the same way ([2, 1, 1, 1]; [6, 2 × 14, 6]): Megatron-LM splits the
+middle stages evenly, so the ends take what is left, and halving it keeps the heaviest
+stage as light as such a split allows.
 
     first, middle, last = stage_split(np.array([60]), np.array([8]))   # 6, 8, 6
     stage_layers(31, 4)                                                 # [8, 8, 8, 7]
@@ -30,12 +33,10 @@ def stage_split(num_layers: np.ndarray, pp: np.ndarray) -> tuple[np.ndarray, np.
     base, extra = np.divmod(layers, stages)
     even = extra == 0
     middle = np.where(even, base, base + 1)
+    middle = np.where(layers - (stages - 2) * middle < 2, base, middle)  # no empty end stage
     ends = layers - (stages - 2) * middle
-    fallback = ~even & (ends < 2)
-    first = np.where(even, base, np.where(fallback, layers - (stages - 1) * base,
-                                          ends - ends // 2))
-    last = np.where(even, base, np.where(fallback, base, ends // 2))
-    middle = np.where(fallback, base, middle)
+    first = np.where(stages == 1, layers, ends - ends // 2)
+    last = np.where(stages == 1, layers, ends // 2)
     return first, middle, last
 
 

@@ -27,17 +27,17 @@ FIRST, LAST = "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-nu
 
 def test_the_command_and_the_cost_model_split_layers_alike():
     # 7 layers on 5 stages: ceil(7/5)=2 in the middle leaves 1 layer for both ends, so the
-    # middle gets 1 and the first stage 3; the cost model prices that same first stage.
+    # middle gets 1 and the ends share 4 (2 and 2); the cost model prices that same split.
     base = study_job("llama_13b", 2048, 40)
     job = dataclasses.replace(base, model=base.model.replace(num_layers=7),
                               global_batch_size=64)
     command = build_command(study_layout(40, 1, 5), job)
     assert command.exact
     args = parse_argv(list(command.argv))
-    assert pipeline_stage_layers(args) == [3, 1, 1, 1, 1]
+    assert pipeline_stage_layers(args) == [2, 1, 1, 1, 2]
     assert validate_argv(command.argv, env=command.env, world_size=40) == []
     first, middle, last = stage_split(np.array([7]), np.array([5]))
-    assert (first[0], middle[0], last[0]) == (3, 1, 1)
+    assert (first[0], middle[0], last[0]) == (2, 1, 2)
 
 
 @pytest.mark.parametrize("pp", [8, 16])
