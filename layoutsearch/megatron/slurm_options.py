@@ -44,6 +44,8 @@ GENERIC_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
     "stderr_to_stdout": (bool, "true or false"),
 }
 """submitit AutoExecutor's generic names and the types it asserts (auto.py)."""
+POSITIVE = frozenset({"timeout_min", "mem_gb", "cpus_per_task"})
+"""Generic names whose sbatch option (--time, --mem, --cpus-per-task) needs a value above 0."""
 JOB_SHAPE = frozenset({"nodes", "tasks_per_node", "ntasks_per_node", "ntasks", "gpus_per_node",
                        "num_gpus", "gpus_per_task", "gpus"})
 """Names (without `slurm_`) that would change how many ranks run where: set by the layout."""
@@ -69,6 +71,9 @@ def _check_type(key: str, value: Any) -> None:
     kinds, words = expected
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise LayoutSearchError(f"megatron.slurm.{key}={value!r}: must be {words}")
+    if key in POSITIVE and float(value) <= 0:
+        # submitit passes it on; sbatch refuses the job at submission, after the search.
+        raise LayoutSearchError(f"megatron.slurm.{key}={value!r}: must be {words} above 0")
 
 
 SBATCH_SPECIAL = re.compile(r'[\s"\\#]')

@@ -90,15 +90,18 @@ def collect_sweep(sweep_dir: Path) -> pd.DataFrame:
     started = start.stat().st_mtime if start.is_file() else -np.inf
     current = [o for o in outputs if o.stat().st_mtime >= started]
     earlier = len(outputs) - len(current)
-    outputs = current
-    for output in sorted(outputs, key=lambda p: _job_key(sweep_dir, p)):
-        job_dir = output.parent
+    # One row per job: a job whose ranking was written before an error (in writing its
+    # launch scripts, say) shows both, and counts once.
+    job_dirs = {o.parent: _job_key(sweep_dir, o) for o in current}
+    for job_dir in sorted(job_dirs, key=job_dirs.__getitem__):
         row: dict[str, Any] = {"job": str(job_dir.relative_to(sweep_dir)),
                                "overrides": _overrides(job_dir)}
-        if output.name == ERROR_FILE:
-            rows.append({**row, "error": output.read_text().strip()})
-            continue
-        ranked = pd.read_csv(output, low_memory=False)  # types from whole columns
+        error = job_dir / ERROR_FILE
+        if error in current:
+            row["error"] = error.read_text().strip()
+        output = job_dir / RANKED_FILE
+        ranked = (pd.read_csv(output, low_memory=False)  # types from whole columns
+                  if output in current else pd.DataFrame())
         if ranked.empty:
             rows.append(row)
             continue

@@ -282,6 +282,9 @@ def test_slurm_settings_cannot_change_the_jobs_shape(slurm, named):
     ({"mem_gb": "16G"}, r"megatron.slurm.mem_gb='16G': must be a number of gigabytes"),
     ({"timeout_min": 90.5}, r"megatron.slurm.timeout_min=90.5: must be a whole number"),
     ({"name": 123}, r"megatron.slurm.name=123: must be a string"),
+    ({"timeout_min": -5}, r"megatron.slurm.timeout_min=-5: must be a whole number of minutes "
+                          r"above 0"),
+    ({"mem_gb": 0}, r"megatron.slurm.mem_gb=0: must be a number of gigabytes above 0"),
 ])
 def test_slurm_settings_submitit_would_refuse_are_refused_up_front(slurm, message):
     with pytest.raises(LayoutSearchError, match=message):

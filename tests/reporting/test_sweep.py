@@ -75,6 +75,17 @@ def test_a_job_that_failed_is_listed_with_its_error(tmp_path: Path) -> None:
     assert ",llama_13b,64,2048,2048," in written[1] and "64.0" not in written[1]
 
 
+def test_a_job_that_failed_after_its_ranking_is_one_row_with_both(tmp_path: Path) -> None:
+    # emit=megatron refused a setting after ranked.csv was written: one job, one failure.
+    _job(tmp_path, "0", ["emit=megatron"], [ROW])
+    (tmp_path / "0" / ERROR_FILE).write_text("megatron.slurm.timeout_min=-5: must be ...\n")
+    table = collect_sweep(tmp_path)
+    assert len(table) == 1 and table.loc[0, "mfu"] == 0.61
+    assert table.loc[0, "error"].startswith("megatron.slurm.timeout_min=-5")
+    assert "| [0](0/error.txt) | emit=megatron | error: " in write_summary(
+        table, tmp_path).read_text()
+
+
 def test_the_command_writes_the_sweep_table(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "layoutsearch.cli", "--multirun", "num_gpus=64,128",
