@@ -71,7 +71,7 @@ def _check_type(key: str, value: Any) -> None:
     kinds, words = expected
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise LayoutSearchError(f"megatron.slurm.{key}={value!r}: must be {words}")
-    if key in POSITIVE and float(value) <= 0:
+    if key in POSITIVE and isinstance(value, int | float) and value <= 0:
         # submitit passes it on; sbatch refuses the job at submission, after the search.
         raise LayoutSearchError(f"megatron.slurm.{key}={value!r}: must be {words} above 0")
 
