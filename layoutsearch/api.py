@@ -31,12 +31,14 @@ from layoutsearch.megatron.launchers import DRY_RUN_WROTE
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.problem import SearchProblem
 from layoutsearch.results import (
+    NOTED_FOR,
     close_call_note,
     fabric_note,
     failed_launches_note,
     headroom_note,
     mfu_convention_note,
     no_fit_message,
+    notes_key,
     rank,
 )
 from layoutsearch.rules import violations
@@ -168,6 +170,7 @@ def search(
     ranked.attrs["mfu_convention_note"] = mfu_convention_note(ranked, job)
     ranked.attrs["fabric_note"] = _fabric_note(ranked, scorer, job)
     ranked.attrs["failed_launches_note"] = failed_launches_note(ranked)
+    ranked.attrs[NOTED_FOR] = notes_key(ranked)
     if message:
         warnings.warn(message, NoLayoutFitsWarning, stacklevel=2)
     return ranked

@@ -191,6 +191,19 @@ def fabric_note(ranked: pd.DataFrame, network_efficiency: float,
             f"of your cluster (layoutsearch-calibrate).")
 
 
+NOTED_FOR = "noted_for"
+"""`ranked.attrs` entry: `notes_key` of the ranking the search wrote its notes about."""
+
+
+def notes_key(ranked: pd.DataFrame) -> tuple[int, str]:
+    """What a ranking's notes are about: its row count and its best layout. A selection or
+    re-sorting of the frame keeps the notes in `attrs` (pandas copies them), but no longer
+    this key, so a report can tell notes about another table from its own."""
+    if ranked.empty:
+        return (0, "")
+    return (len(ranked), Layout.from_row({str(k): v for k, v in ranked.iloc[0].items()}).describe())
+
+
 def counts_line(ranked: pd.DataFrame) -> str:
     """'2240 layouts, 1712 priced, 1350 fit'; with the rows a sampling driver returned
     ('2240 layouts, 50 tried, 50 priced, 42 fit') when it did not try the whole space."""

@@ -16,7 +16,7 @@ from layoutsearch.megatron import with_megatron_args
 from layoutsearch.reporting.explain import component_name, label, time_columns, why_rejected
 from layoutsearch.reporting.plots import save_figures
 from layoutsearch.reporting.study_rules import StudyCheck, check_study_rules
-from layoutsearch.results import counts_line
+from layoutsearch.results import NOTED_FOR, counts_line, notes_key
 from layoutsearch.specs import Job
 
 TOP_K = 10
@@ -74,6 +74,13 @@ def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
         ["candidates", counts_line(ranked)],
     ]
     lines = ["## The job", "", markdown_table(facts, ["", ""]), ""]
+    noted_for = ranked.attrs.get(NOTED_FOR)
+    if noted_for is not None and tuple(noted_for) != notes_key(ranked):
+        rows, best = noted_for
+        return [*lines, f"The search's notes are left out: they are about its whole ranking "
+                        f"of {rows} layouts, best {best}, and this table is a selection or "
+                        f"re-sorting of it ({len(ranked)} rows, first "
+                        f"{notes_key(ranked)[1]}).", ""]
     for attr, title in NOTE_TITLES.items():
         text = ranked.attrs.get(attr, "")
         if text:

@@ -42,6 +42,19 @@ def test_report_writes_markdown_and_figures(ranked: pd.DataFrame, tmp_path: Path
             "cost_models.launcher=slurm.") in text
 
 
+def test_a_report_of_a_selection_leaves_out_notes_about_the_whole_ranking(
+        ranked: pd.DataFrame, tmp_path: Path) -> None:
+    tp2 = ranked[ranked["tp"] == 2]
+    text = layoutsearch.report(tp2, tmp_path / "tp2").read_text()
+    assert "**A close call.**" not in text and "**Memory headroom.**" not in text
+    assert (f"The search's notes are left out: they are about its whole ranking of "
+            f"{len(ranked)} layouts, best tp1 ") in text
+    assert f"({len(tp2)} rows, first tp2 " in text
+    # The whole ranking, re-indexed or copied, keeps its notes.
+    text = layoutsearch.report(ranked.reset_index(drop=True), tmp_path / "all").read_text()
+    assert "**A close call.**" in text
+
+
 def test_report_of_a_paper_driver_result(tmp_path: Path) -> None:
     paper = layoutsearch.search(driver="paper", **JOB)
     text = layoutsearch.report(paper, tmp_path).read_text()
