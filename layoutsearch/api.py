@@ -21,7 +21,7 @@ from layoutsearch.costs.analytic import AnalyticCostModel
 from layoutsearch.costs.constants import constants_path
 from layoutsearch.costs.measured import MeasuredCostModel
 from layoutsearch.drivers import Driver, GridDriver, build_driver
-from layoutsearch.errors import LayoutSearchError
+from layoutsearch.errors import LayoutSearchError, closest_names
 from layoutsearch.layout import Layout
 from layoutsearch.measurements import read_table, validate_measurements
 from layoutsearch.megatron import with_megatron_args
@@ -42,7 +42,7 @@ from layoutsearch.results import (
     rank,
 )
 from layoutsearch.rules import violations
-from layoutsearch.space import KNOBS, SearchSpace
+from layoutsearch.space import DP_IS_DERIVED, KNOBS, SearchSpace
 from layoutsearch.specs import ClusterSpec, Job, ModelSpec
 
 MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelSpec))
@@ -63,9 +63,12 @@ def _split_overrides(overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict
         elif key in KNOBS:
             pins[key] = value
         else:
+            close = closest_names(key, [*MODEL_FIELDS, *KNOBS])
+            hint = (f"{DP_IS_DERIVED}; " if key == "dp" else
+                    f"did you mean {' or '.join(map(repr, close))}? " if close else "")
             raise LayoutSearchError(
-                f"unknown override {key}={value!r}: not a model field "
-                f"({', '.join(sorted(MODEL_FIELDS))}) nor a knob ({', '.join(KNOBS)})"
+                f"unknown override {key}={value!r}: not a model field nor a knob; {hint}"
+                f"model fields: {', '.join(sorted(MODEL_FIELDS))}; knobs: {', '.join(KNOBS)}"
             )
     return model_fields, pins
 

@@ -236,10 +236,12 @@ def test_model_shapes_are_checked() -> None:
     raises_user_error(r"vocab_size=0: must be a positive integer", vocab_size=0)
 
 
-def test_unknown_override_lists_fields_and_knobs() -> None:
-    error = raises_user_error(r"unknown override vocab=128000: not a model field", vocab=128000)
-    assert "vocab_size" in str(error.value) and "micro_batch_size" in str(error.value)
-    raises_user_error(r"unknown override dp=2", dp=2)
+def test_unknown_override_names_the_closest_and_lists_fields_and_knobs() -> None:
+    error = raises_user_error(r"unknown override vocab=128000: not a model field nor a knob; "
+                              r"did you mean 'vocab_size'\? model fields: ", vocab=128000)
+    assert "micro_batch_size" in str(error.value)
+    raises_user_error(r"unknown override dp=2: not a model field nor a knob; dp follows from "
+                      r"num_gpus / \(tp·pp·cp\)", dp=2)
 
 
 @pytest.mark.parametrize(
