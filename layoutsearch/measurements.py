@@ -105,12 +105,18 @@ def _as_bool_cell(value: object) -> bool | None:
     return _TRUE.get(str(value).strip().lower())
 
 
+LARGEST_INT = 2**53
+"""The largest size a measurement may hold: every integer up to it is exact as a float (a
+CSV cell such as 1e+20 reads as one), and int64 holds it without wrapping around."""
+
+
 def _as_int(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
     numbers = pd.to_numeric(frame[column], errors="coerce")
-    bad = numbers.isna() | (numbers % 1 != 0) | (numbers <= 0)
+    bad = numbers.isna() | (numbers % 1 != 0) | (numbers <= 0) | (numbers > LARGEST_INT)
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise _fail(source, i, column, f"{_shown(frame[column].iloc[i])} is not a positive integer")
+        raise _fail(source, i, column, f"{_shown(frame[column].iloc[i])} is not a positive "
+                                        f"integer of at most 2**53")
     return numbers.astype(np.int64)
 
 

@@ -123,6 +123,8 @@ def test_a_folder_is_not_a_measurement_file(tmp_path: Path) -> None:
         ("tp", None, r"an empty cell is not a positive integer"),
         ("step_time_s", "fast", r"'fast' is not a number"),
         ("seq_length", 0, r"0 is not a positive integer"),
+        # Beyond int64 it would wrap around to a negative vocabulary, priced as fitting.
+        ("vocab_size", "1e+20", r"1e\+20 is not a positive integer of at most 2\*\*53"),
         ("attention", "flash9", r"'flash9' must be one of torch, fused"),
         ("recompute", "half", r"'half' must be one of none"),
         ("status", "crashed", r"'crashed' must be one of ok, oom"),
