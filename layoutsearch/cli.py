@@ -287,14 +287,26 @@ def _left_to_defaults(override: Override, overrides: Sequence[Override]) -> bool
     return False
 
 
-def _parsed(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Override]] | None:
-    """The command line as Hydra parses it: its arguments and overrides; None on a syntax
-    error in an override, which Hydra itself then explains."""
+def _parsed(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Override]]:
+    """The command line as Hydra parses it: its arguments and overrides. A syntax error in
+    an override, or a sweep (`model=a,b`) in a single run, is the user's: Hydra's own
+    explanation, as a LayoutSearchError (status 2, not Hydra's 1)."""
     args = get_args_parser().parse_args(list(argv))
-    try:
-        return args, OverridesParser.create().parse_overrides(overrides=args.overrides)
-    except HydraException:
-        return None
+    parser = OverridesParser.create()
+    overrides = []
+    for item in args.overrides:
+        try:
+            overrides += parser.parse_overrides(overrides=[item])
+        except HydraException as error:
+            raise LayoutSearchError(f"{item}: {str(error).strip()}") from None
+    sweeps = [o.input_line for o in overrides if o.is_sweep_override()]
+    multirun = args.multirun or any(o.key_or_group == "hydra.mode" and o.value() == "MULTIRUN"
+                                    for o in overrides)
+    if sweeps and not multirun:
+        raise LayoutSearchError(
+            f"{sweeps[0]}: a sweep over values needs --multirun (-m); for one run with a list "
+            "use key=[a,b], for a text with a comma quote it: key='a,b'")
+    return args, overrides
 
 
 def settable_spec_fields(argv: Sequence[str]) -> list[str]:
@@ -304,10 +316,7 @@ def settable_spec_fields(argv: Sequence[str]) -> list[str]:
     the rest to the spec's defaults, so Hydra's struct mode would refuse to set those
     (`model.position_embedding_type=rope`); `++` sets a key whether or not it is there.
     """
-    parsed = _parsed(argv)
-    if parsed is None:
-        return list(argv)
-    args, overrides = parsed
+    args, overrides = _parsed(argv)
     given = dict(zip(args.overrides, overrides, strict=True))
     return [f"++{item}" if item in given and given[item].type is OverrideType.CHANGE
             and _left_to_defaults(given[item], overrides) else item for item in argv]
@@ -358,10 +367,7 @@ def check_group_choices(argv: Sequence[str]) -> None:
     search path that cannot be listed (`pkg://`) leaves the option names to Hydra, and a
     primary config of the user's own (`--config-name`) leaves everything to it.
     """
-    parsed = _parsed(argv)
-    if parsed is None:
-        return
-    args, overrides = parsed
+    args, overrides = _parsed(argv)
     if args.config_name not in (None, CONFIG_NAME):
         return
     extra = user_config_folders(args, overrides)

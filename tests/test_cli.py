@@ -200,6 +200,23 @@ def test_group_choices_are_checked_in_sweeps_too() -> None:
     check_group_choices(["-m", "model=llama_13b,llama_65b", "model.vocab_size=1000", "~driver"])
 
 
+def test_override_syntax_and_a_sweep_without_multirun_are_user_errors() -> None:
+    with pytest.raises(LayoutSearchError, match=r"search_spaces.tp=\[1,2: no viable "
+                       r"alternative at input"):
+        check_group_choices(["num_gpus=64", "search_spaces.tp=[1,2"])
+    with pytest.raises(LayoutSearchError, match=r"model=llama2_7b,llama3_8b: a sweep over "
+                       r"values needs --multirun \(-m\)"):
+        check_group_choices(["model=llama2_7b,llama3_8b"])
+    check_group_choices(["-m", "model=llama2_7b,llama3_8b"])
+    check_group_choices(["hydra.mode=MULTIRUN", "model=llama2_7b,llama3_8b"])
+
+
+def test_the_command_exits_2_on_override_syntax(tmp_path: Path) -> None:
+    done = layoutsearch("search_spaces.tp=[1,2", f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "search_spaces.tp=[1,2: no viable alternative" in done.stderr
+
+
 def test_a_users_config_folder_adds_options_and_keeps_every_check(tmp_path: Path) -> None:
     folder = tmp_path / "my_configs"
     (folder / "cost_models").mkdir(parents=True)
