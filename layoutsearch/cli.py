@@ -228,8 +228,8 @@ def _chosen_options(group: str, overrides: Sequence[Override]) -> list[str]:
 
 
 def _option_config(group: str, option: str, extra: Sequence[Path] = ()) -> dict[str, Any]:
-    """An option's YAML as written: the user's folders first, as Hydra's search path puts
-    them before the shipped configs."""
+    """An option's YAML as written, looked for in the user's folders, then the shipped ones
+    (an option of the same name in both is rare; either names its settings)."""
     for folder in (*(folder / group for folder in extra), GROUP_DIRS[group]()):
         path = folder / f"{option}.yaml"
         if path.is_file():
