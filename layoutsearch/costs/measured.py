@@ -284,16 +284,16 @@ class MeasuredCostModel:
 
     def _selection(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
                    reasons: pd.Series, known: Mapping[tuple[Any, ...], Mapping[str, Any]],
-                   ) -> tuple[list[Any], pd.DataFrame | None]:
+                   top_k: int | None) -> tuple[list[Any], pd.DataFrame | None]:
         """The rows to price, best first — recorded in the file, or launched — and the
         prescreen's scores (None without one). Layouts that are not launched are passed over
         with their reason, so that the `top_k` rows all measure what was asked."""
         ordered, prior = self._prescreened(candidates, clusters, reasons)
-        beyond = (f"not measured: beyond top_k={self.top_k}" if self.prescreen is None
-                  else f"not measured: outside the {self.prescreen.name} top-{self.top_k}")
+        beyond = (f"not measured: beyond top_k={top_k}" if self.prescreen is None
+                  else f"not measured: outside the {self.prescreen.name} top-{top_k}")
         chosen: list[Any] = []
         for i in ordered:
-            if self.top_k is not None and len(chosen) >= self.top_k:
+            if top_k is not None and len(chosen) >= top_k:
                 reasons.loc[i] = beyond
                 continue
             row = {str(k): v for k, v in candidates.loc[i].items()}
@@ -311,12 +311,7 @@ class MeasuredCostModel:
         `top_k` is left out: it ranks the rows of one call, and a driver that asks one
         layout at a time gets each one priced."""
         reasons = pd.Series("", index=candidates.index, dtype=object)
-        known = self.file.load()
-        ordered, _ = self._prescreened(candidates, clusters, reasons)
-        for i in ordered:
-            row = {str(k): v for k, v in candidates.loc[i].items()}
-            if not self._recorded(known, row):
-                reasons.loc[i] = self._refusal(row, clusters)
+        self._selection(candidates, clusters, reasons, self.file.load(), top_k=None)
         return reasons
 
     def _measure(self, row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec],
@@ -376,7 +371,7 @@ class MeasuredCostModel:
         }, index=index)
         reasons = pd.Series("", index=index, dtype=object)
         known = self.file.load()
-        chosen, prior = self._selection(candidates, clusters, reasons, known)
+        chosen, prior = self._selection(candidates, clusters, reasons, known, self.top_k)
         if prior is not None and self.prescreen is not None:
             out[f"{self.prescreen.name}_mfu"] = prior["mfu"]
         records = {i: {str(k): v for k, v in r.items()}
