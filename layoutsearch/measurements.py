@@ -1,7 +1,8 @@
 """The measurement schema (docs/measurements.md): read, validate and complete measurement files.
 
-One row per measured run or predicted layout. Readers name the row and column of every bad
-value; optional columns get their documented defaults; unknown columns are kept.
+One row per measured run or predicted layout. Readers name the row (its line in the file
+read, else its index label in the frame given) and the column of every bad value; optional
+columns get their documented defaults; unknown columns are kept.
 
     runs = read_measurements("runs.csv")          # validated DataFrame
     runs = validate_measurements(frame, source="my frame")
@@ -9,7 +10,8 @@ value; optional columns get their documented defaults; unknown columns are kept.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import csv
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -60,13 +62,13 @@ def _shown(value: object) -> str:
     return repr(value.item() if isinstance(value, np.generic) else value)
 
 
-def _as_float(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
+def _as_float(frame: pd.DataFrame, column: str, source: str, rows: Sequence[str]) -> pd.Series:
     """A float column; empty cells become NaN, text that is not a number is named."""
     numbers = pd.to_numeric(frame[column], errors="coerce")
     bad = numbers.isna() & frame[column].notna() & (frame[column].astype(str).str.strip() != "")
     if bad.any():
         i = _first(bad)
-        raise _fail(source, i, column, f"{_shown(frame[column].iloc[i])} is not a number")
+        raise _fail(source, rows[i], column, f"{_shown(frame[column].iloc[i])} is not a number")
     return numbers
 
 
@@ -78,22 +80,38 @@ def _lookalikes(frame: pd.DataFrame, wanted: Collection[str]) -> dict[str, list[
             for close in [closest_names(column, wanted)] if close}
 
 
-def _fail(source: str, row: int, column: str, message: str) -> LayoutSearchError:
-    # Rows are numbered as a spreadsheet shows a CSV: the header is line 1, data from 2.
-    return LayoutSearchError(f"{source}: row {row + 2}, column {column!r}: {message}")
+def _fail(source: str, row: str, column: str, message: str) -> LayoutSearchError:
+    return LayoutSearchError(f"{source}: {row}, column {column!r}: {message}")
 
 
-def as_bool(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
-    """A boolean column from True/False, true/false, 1/0, yes/no; names a bad cell."""
+LINE_NUMBERS = "line_numbers"
+"""The `attrs` key under which read_table keeps, per index label, the line each data row of
+a CSV file starts on, so that an error names the line a text editor shows. Keyed by label,
+it stays right when the frame is filtered or sorted before it is validated."""
+
+
+def row_names(frame: pd.DataFrame) -> list[str]:
+    """How an error names each row: its line in the CSV file it was read from ("line 7"),
+    else its label in the frame's index ("index 5"), which `frame.loc` finds."""
+    lines = frame.attrs.get(LINE_NUMBERS, {})
+    return [f"line {lines[label]}" if label in lines else f"index {label!r}"
+            for label in frame.index]
+
+
+def as_bool(frame: pd.DataFrame, column: str, source: str,
+            rows: Sequence[str] | None = None) -> pd.Series:
+    """A boolean column from True/False, true/false, 1/0, yes/no; names a bad cell by
+    `rows` (row_names(frame) when not given)."""
     values = frame[column]
     if values.dtype == bool:
         return values
     out = values.map(_as_bool_cell)
     bad = out.isna()
     if bad.any():
-        i = int(np.flatnonzero(bad.to_numpy())[0])
+        i = _first(bad)
         shown = _shown(values.iloc[i])
-        raise _fail(source, i, column, f"{shown} is not a boolean (True/False/1/0)")
+        named = row_names(frame) if rows is None else rows
+        raise _fail(source, named[i], column, f"{shown} is not a boolean (True/False/1/0)")
     return out.astype(bool)
 
 
@@ -110,13 +128,13 @@ LARGEST_INT = 2**53
 CSV cell such as 1e+20 reads as one), and int64 holds it without wrapping around."""
 
 
-def _as_int(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
+def _as_int(frame: pd.DataFrame, column: str, source: str, rows: Sequence[str]) -> pd.Series:
     numbers = pd.to_numeric(frame[column], errors="coerce")
     bad = numbers.isna() | (numbers % 1 != 0) | (numbers <= 0) | (numbers > LARGEST_INT)
     if bad.any():
-        i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise _fail(source, i, column, f"{_shown(frame[column].iloc[i])} is not a positive "
-                                        f"integer of at most 2**53")
+        i = _first(bad)
+        raise _fail(source, rows[i], column, f"{_shown(frame[column].iloc[i])} is not a "
+                                              f"positive integer of at most 2**53")
     return numbers.astype(np.int64)
 
 
@@ -144,28 +162,30 @@ def validate_measurements(frame: pd.DataFrame, source: str = "measurements",
             f"{source}: column {column!r} looks like the optional column {meant!r}, which "
             f"this file lacks, so every row would take its default "
             f"{meant}={OPTIONAL_DEFAULTS[meant]}; rename the column, or drop it")
+    rows = row_names(frame)
     out = frame.copy().reset_index(drop=True)
     for column, default in OPTIONAL_DEFAULTS.items():
         filled = out[column].fillna(default) if column in out.columns else default
         out[column] = filled
     for column in (*INTEGER_COLUMNS, *OPTIONAL_INTEGERS):
-        out[column] = _as_int(out, column, source)
+        out[column] = _as_int(out, column, source, rows)
     for column in (*BOOLEAN_COLUMNS, *OPTIONAL_BOOLEANS):
-        out[column] = as_bool(out, column, source)
+        out[column] = as_bool(out, column, source, rows)
     for column in (*TEXT_COLUMNS, "normalization"):
         blank = out[column].isna()
         if blank.any():
-            raise _fail(source, _first(blank), column, "is empty")
+            raise _fail(source, rows[_first(blank)], column, "is empty")
         out[column] = out[column].astype(str).str.strip()
     for column in FLOAT_COLUMNS:
-        out[column] = _as_float(out, column, source)
-    _check_values(out, source)
+        out[column] = _as_float(out, column, source, rows)
+    _check_values(out, source, rows)
     if gpus is not None:
         unknown = ~out["gpu"].isin(list(gpus))
         if unknown.any():
             i = _first(unknown)
             name = str(out["gpu"].iloc[i])
-            raise _fail(source, i, "gpu", unknown_name_message("gpu", name, gpus))
+            raise _fail(source, rows[i], "gpu", unknown_name_message("gpu", name, gpus))
+    out.attrs.pop(LINE_NUMBERS, None)  # positions of the file read, not of a later frame
     return out
 
 
@@ -173,7 +193,7 @@ def _first(mask: pd.Series | np.ndarray) -> int:
     return int(np.flatnonzero(np.asarray(mask))[0])
 
 
-def _check_values(t: pd.DataFrame, source: str) -> None:
+def _check_values(t: pd.DataFrame, source: str, rows: Sequence[str]) -> None:
     ran = t["status"] == "ok"
     step_in_range = (t["step_time_s"] > 0) & np.isfinite(t["step_time_s"])
     mfu_in_range = (t["mfu"] > 0) & (t["mfu"] <= 1)
@@ -208,13 +228,13 @@ def _check_values(t: pd.DataFrame, source: str) -> None:
             i = _first(bad)
             # A rule may name another column of the row: "{num_attention_heads}".
             text = rule.format_map(t.iloc[i].to_dict())
-            raise _fail(source, i, column, f"{_shown(t[column].iloc[i])} {text}")
+            raise _fail(source, rows[i], column, f"{_shown(t[column].iloc[i])} {text}")
     world = t["tp"] * t["pp"] * t["cp"] * t["dp"]
     bad = world != t["num_gpus"]
     if bad.any():
         i = _first(bad)
         r = t.iloc[i]
-        raise _fail(source, i, "dp",
+        raise _fail(source, rows[i], "dp",
                     f"tp·pp·cp·dp = {r.tp}·{r.pp}·{r.cp}·{r.dp} = {world.iloc[i]} "
                     f"does not equal num_gpus={r.num_gpus}")
 
@@ -259,6 +279,10 @@ def read_table(path: str | Path) -> pd.DataFrame:
             f"measurement file {str(path)!r} cannot be read as {kind} "
             f"({type(error).__name__}: {error})"
         ) from None
+    if not parquet:
+        lines = _record_lines(path)
+        if len(lines) == len(table):  # else the rows are named by position, as read
+            table.attrs[LINE_NUMBERS] = dict(zip(table.index, lines, strict=True))
     if not parquet and len(table.columns) == 1:
         header = str(table.columns[0])
         other = next((name for mark, name in OTHER_DELIMITERS.items() if mark in header), None)
@@ -268,6 +292,20 @@ def read_table(path: str | Path) -> pd.DataFrame:
                 f"header reads {header[:60]!r}...): save it as comma-separated CSV with "
                 "decimal points (pandas: to_csv(path, index=False))")
     return table
+
+
+def _record_lines(path: Path) -> list[int]:
+    """The line each data record of a CSV file starts on, read as pandas reads it: blank
+    lines are skipped and a quoted cell may span lines, so the line is not the position + 2."""
+    starts: list[int] = []
+    with path.open(newline="", encoding="utf-8", errors="replace") as file:
+        reader = csv.reader(file, skipinitialspace=True)
+        end = 0
+        for record in reader:
+            if len(record) > 1 or (record and record[0].strip()):
+                starts.append(end + 1)
+            end = reader.line_num
+    return starts[1:]  # the first record is the header
 
 
 def read_measurements(path: str | Path, gpus: Collection[str] | None = None) -> pd.DataFrame:

@@ -310,7 +310,7 @@ def test_predict_names_row_and_column_of_a_bad_value(measured: pd.DataFrame) -> 
     measured = measured.astype({"micro_batch_size": object})
     measured.loc[12, "micro_batch_size"] = "two"
     with pytest.raises(LayoutSearchError,
-                       match=r"frame: row 4, column 'micro_batch_size': 'two' is not a positive"):
+                       match=r"frame: index 12, column 'micro_batch_size': 'two' is not a "):
         predict(measured)
     with pytest.raises(LayoutSearchError, match=r"measurement file '/no/such.csv' does not exist"):
         predict("/no/such.csv")

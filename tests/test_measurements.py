@@ -10,7 +10,7 @@ import pytest
 
 from layoutsearch.api import predict
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.measurements import read_measurements, validate_measurements
+from layoutsearch.measurements import read_measurements, read_table, validate_measurements
 
 
 def write(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -94,7 +94,7 @@ def test_a_blank_cell_of_a_0_1_column_is_named_at_its_row(
 ) -> None:
     # pandas reads a 0/1 column with a gap as 0.0/1.0/NaN: the gap is the error, not 0.0.
     rows = [{**measurement_row, "sequence_parallel": v} for v in (0, 1, None, 0)]
-    with pytest.raises(LayoutSearchError, match=r"row 4, column 'sequence_parallel': an empty "
+    with pytest.raises(LayoutSearchError, match=r"line 4, column 'sequence_parallel': an empty "
                        "cell is not a boolean"):
         read_measurements(write(tmp_path, rows))
     rows[2]["sequence_parallel"] = 1
@@ -147,7 +147,7 @@ def test_bad_values_name_row_and_column(
     rows = three_rows(measurement_row)
     rows[2][column] = value
     path = write(tmp_path, rows)
-    with pytest.raises(LayoutSearchError, match=rf"row 4, column '{column}': {message}") as error:
+    with pytest.raises(LayoutSearchError, match=rf"line 4, column '{column}': {message}") as error:
         read_measurements(path)
     assert str(path) in str(error.value)
 
@@ -165,7 +165,7 @@ def test_a_figure_on_a_run_that_did_not_finish_is_still_checked(
 ) -> None:
     rows = three_rows(measurement_row)
     rows[1][column] = value  # the oom run: line 3 of the file
-    with pytest.raises(LayoutSearchError, match=rf"row 3, column '{column}': {message}"):
+    with pytest.raises(LayoutSearchError, match=rf"line 3, column '{column}': {message}"):
         read_measurements(write(tmp_path, rows))
     # A figure in range is kept as given (a run that died after logging a few steps).
     rows[1][column] = 0.4
@@ -179,10 +179,10 @@ def test_gpu_kinds_a_cost_model_cannot_price_are_named(
     rows[1]["gpu"] = "a100_80g"
     path = write(tmp_path, rows)
     read_measurements(path)  # any name is valid data; pricing it is what needs a known kind
-    with pytest.raises(LayoutSearchError, match=r"row 3, column 'gpu': unknown gpu 'a100_80g'; "
+    with pytest.raises(LayoutSearchError, match=r"line 3, column 'gpu': unknown gpu 'a100_80g'; "
                                                 r"did you mean 'a100_80gb'\?"):
         read_measurements(path, gpus=["a100_80gb", "h100_sxm"])
-    with pytest.raises(LayoutSearchError, match=r"row 3, column 'gpu': unknown gpu"):
+    with pytest.raises(LayoutSearchError, match=r"line 3, column 'gpu': unknown gpu"):
         predict(path)
 
 
@@ -233,7 +233,7 @@ def test_a_file_separated_otherwise_than_by_commas_says_so(
 
 def test_ok_run_needs_a_step_time(measurement_row: dict[str, Any]) -> None:
     frame = pd.DataFrame([{**measurement_row, "step_time_s": None}])
-    with pytest.raises(LayoutSearchError, match=r"my runs: row 2, column 'step_time_s': an "
+    with pytest.raises(LayoutSearchError, match=r"my runs: index 0, column 'step_time_s': an "
                                                 r"empty cell must be a positive number"):
         validate_measurements(frame, source="my runs")
 
@@ -245,3 +245,34 @@ def test_a_csv_with_a_space_after_each_comma_reads(tmp_path: Path,
                     + ", ".join(str(v) for v in measurement_row.values()) + "\n")
     rows = read_measurements(path)
     assert rows["model"].iloc[0] == "llama_13b" and rows["tp"].iloc[0] == 2
+
+
+def test_a_bad_value_is_named_by_its_line_past_blank_lines_and_multi_line_cells(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    rows = three_rows(measurement_row)
+    for row in rows:
+        row["note"] = "one line"
+    rows[0]["note"] = "first line\nsecond line"  # a quoted cell spanning two lines
+    rows[2]["tp"] = "four"
+    path = write(tmp_path, rows)
+    header, *records = path.read_text().split("\n")
+    # Lines: header 1, a blank line 2, the first record 3-4, the second 5, the bad one 6.
+    path.write_text("\n".join([header, "", *records]))
+    assert path.read_text().splitlines()[5].startswith(str(rows[2]["model"]))
+    with pytest.raises(LayoutSearchError, match=r"runs.csv: line 6, column 'tp': 'four' is not"):
+        read_measurements(path)
+
+
+def test_a_frame_is_named_by_its_index_label_also_after_a_sort(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    rows = three_rows(measurement_row)
+    rows[1]["micro_batch_size"] = 0
+    frame = pd.DataFrame(rows, index=[10, 20, 30])
+    with pytest.raises(LayoutSearchError, match=r"my runs: index 20, column 'micro_batch_size'"):
+        validate_measurements(frame, source="my runs")
+    # A file read and then reordered still names the line the bad row came from.
+    table = read_table(write(tmp_path, rows)).iloc[::-1]
+    with pytest.raises(LayoutSearchError, match=r"runs.csv: line 3, column 'micro_batch_size'"):
+        validate_measurements(table, source="runs.csv")

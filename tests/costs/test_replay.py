@@ -126,7 +126,7 @@ def test_bad_files_and_configs_are_named(tmp_path: Path, measurement_row: dict[s
         build_cost_model("replay", path="x.csv", pth="y.csv")
     bad = tmp_path / "bad.csv"
     _runs(measurement_row, {}, {"tp": "two"}).to_csv(bad, index=False)
-    with pytest.raises(LayoutSearchError, match=r"row 3, column 'tp'"):
+    with pytest.raises(LayoutSearchError, match=r"line 3, column 'tp'"):
         build_cost_model("replay", path=str(bad))
 
 
