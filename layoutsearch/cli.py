@@ -96,6 +96,16 @@ def group_options(group: str, extra: Sequence[Path] = ()) -> list[str]:
     return sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
 
 
+def offered_options(group: str, extra: Sequence[Path] = ()) -> list[str]:
+    """The options a message offers for `group`: `cost_models/` also holds the Megatron-LM
+    backend's settings, which are chosen through cost_models=measured, not as a cost model
+    (one without a `_target_`)."""
+    options = group_options(group, extra)
+    if group != "cost_models":
+        return options
+    return [o for o in options if "_target_" in _option_config(group, o, extra)]
+
+
 def run(config: Mapping[str, Any], output_dir: Path,
         cost_model_name: str = "cost_models") -> pd.DataFrame:
     """Search the job a composed config describes; print the report, write `ranked.csv`.
@@ -260,10 +270,8 @@ def check_setting_key(override: Override, group: str, chosen: str,
     name = key.split(".", 1)[1].split(".")[0]
     if name in keys:
         return
-    # `cost_models/` also holds the Megatron-LM settings, which are not a cost model.
-    owners = [o for o in group_options(group, extra)
-              if name in (config := _option_config(group, o, extra))
-              and (group != "cost_models" or "_target_" in config)]
+    owners = [o for o in offered_options(group, extra)
+              if name in _option_config(group, o, extra)]
     if owners:
         raise LayoutSearchError(
             f"{group}.{name}: {group}={chosen} has no setting {name!r}; it is a setting of "
@@ -389,9 +397,9 @@ def check_group_choices(argv: Sequence[str]) -> None:
                                     f"chosen; options: {', '.join(options)}")
         for choice in _group_choices(override):
             if choice not in options:
-                raise LayoutSearchError(
-                    unknown_name_message(override.key_or_group, choice, options)
-                )
+                raise LayoutSearchError(unknown_name_message(
+                    override.key_or_group, choice, offered_options(override.key_or_group, extra)
+                ))
 
 
 def resolved(cfg: DictConfig) -> dict[str, Any]:

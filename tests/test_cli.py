@@ -200,6 +200,15 @@ def test_group_choices_are_checked_in_sweeps_too() -> None:
     check_group_choices(["-m", "model=llama_13b,llama_65b", "model.vocab_size=1000", "~driver"])
 
 
+def test_an_unknown_cost_model_lists_cost_models_not_the_megatron_settings() -> None:
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            "unknown cost_models 'analytc'; did you mean 'analytic'? valid cost_models names: "
+            "analytic, analytic_prior, measured, replay")):
+        check_group_choices(["cost_models=analytc"])
+    # The settings file is still an option, so that choosing it says what it is for.
+    check_group_choices(["cost_models=megatron"])
+
+
 def test_override_syntax_and_a_sweep_without_multirun_are_user_errors() -> None:
     with pytest.raises(LayoutSearchError, match=r"search_spaces.tp=\[1,2: no viable "
                        r"alternative at input"):
