@@ -248,6 +248,12 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 """File name endings read and written as Parquet; any other measurement file is CSV."""
 
 
+CSV_OPTIONS = {"skipinitialspace": True}
+"""How every reader of a measurement CSV parses it (pandas also drops a UTF-8 byte-order
+mark and skips blank lines): a header or cell written "a, b", a space after each comma,
+reads as "b", not " b", which would name no column of the schema."""
+
+
 def is_parquet(path: str | Path) -> bool:
     return Path(path).suffix.lower() in PARQUET_SUFFIXES
 
@@ -263,10 +269,8 @@ def read_table(path: str | Path) -> pd.DataFrame:
     parquet = is_parquet(path)
     try:
         # low_memory=False: types from the whole column, not per chunk of a long file.
-        # skipinitialspace: a header or cell written "a, b" (a space after each comma) reads
-        # as "b", not " b", which would name no column of the schema.
         table = pd.read_parquet(path) if parquet else pd.read_csv(
-            path, low_memory=False, skipinitialspace=True)
+            path, low_memory=False, **CSV_OPTIONS)
     except pd.errors.EmptyDataError:
         raise LayoutSearchError(
             f"measurement file {str(path)!r} is empty: it needs a header line with the "

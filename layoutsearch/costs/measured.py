@@ -27,6 +27,7 @@ from layoutsearch.costs.base import MEASURED_FAILURE, CostModel, cost_model_fing
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import (
+    CSV_OPTIONS,
     MEASUREMENT_KEY,
     OPTIONAL_DEFAULTS,
     REQUIRED_COLUMNS,
@@ -105,11 +106,12 @@ class MeasurementFile:
         if empty:
             fields = list(FILE_COLUMNS)
         else:
-            with self.path.open(newline="") as handle:
-                fields = next(csv.reader(handle), [])
+            # The header as the readers see it (spaces after commas and a byte-order mark
+            # dropped), so that each value goes under the column that is read back.
+            fields = list(map(str, pd.read_csv(self.path, nrows=0, **CSV_OPTIONS).columns))
             missing = [c for c in FILE_COLUMNS if c not in fields and c in values]
             if missing:
-                fields = self._add_csv_columns(fields, missing)
+                fields = self._add_csv_columns(missing)
         with self.path.open("a", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore",
                                     lineterminator="\n")
@@ -125,15 +127,16 @@ class MeasurementFile:
             handle.seek(-1, os.SEEK_END)
             return handle.read(1) in (b"\n", b"\r")
 
-    def _add_csv_columns(self, fields: list[str], missing: list[str]) -> list[str]:
+    def _add_csv_columns(self, missing: list[str]) -> list[str]:
         """Rewrite the CSV with `missing` columns added (old rows: the schema's default of
-        an optional column, else empty); atomically, so a kill leaves either file whole."""
-        with self.path.open(newline="") as handle:
-            rows = list(csv.reader(handle))[1:]
-        fill = [str(OPTIONAL_DEFAULTS.get(c, "")) for c in missing]
-        self._replace(lambda handle: csv.writer(handle, lineterminator="\n").writerows(
-            [fields + missing] + [r + fill for r in rows if r]))
-        return fields + missing
+        an optional column, else empty), its cells kept as written and a row that leaves
+        out trailing empty cells filled by name; atomically, so a kill leaves either file
+        whole. The new header."""
+        table = pd.read_csv(self.path, dtype=str, keep_default_na=False, **CSV_OPTIONS)
+        for column in missing:
+            table[column] = str(OPTIONAL_DEFAULTS.get(column, ""))
+        self._replace(lambda handle: table.to_csv(handle, index=False, lineterminator="\n"))
+        return list(map(str, table.columns))
 
     def _append_parquet(self, row: Mapping[str, Any], empty: bool) -> None:
         """Parquet cannot be appended to: the table is written again with the new row."""

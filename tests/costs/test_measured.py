@@ -355,6 +355,37 @@ def test_appending_to_a_users_csv_keeps_its_rows_and_every_figure_of_the_new_one
     assert again.launched == 0 and len(read_measurements(path)) == 2
 
 
+def _spaced(header: str, row: str) -> tuple[str, str]:
+    return header.replace(",", ", "), row.replace(",", ", ")
+
+
+def _ragged(header: str, row: str) -> tuple[str, str]:
+    # An extra column whose empty cell the row leaves out, which pandas reads as empty.
+    return header + ",note", row
+
+
+@pytest.mark.parametrize(("shape", "encoding"), [
+    (_spaced, "utf-8"), (lambda header, row: (header, row), "utf-8-sig"), (_ragged, "utf-8")],
+    ids=["a space after each comma", "a byte-order mark", "a short row"])
+def test_a_users_csv_in_any_shape_the_readers_accept_stays_readable(
+        tmp_path, measurement_row, shape, encoding):
+    path = tmp_path / "runs.csv"
+    header, row = pd.DataFrame([measurement_row]).to_csv(index=False).splitlines()
+    header, row = shape(header, row)
+    path.write_text(f"{header}\n{row}\n", encoding=encoding)
+    assert read_measurements(path)["mfu"].tolist() == [0.6]
+    first = fake_measured_model(tmp_path, top_k=1, measurements=path)
+    layoutsearch.search(cost_model=first, search_space="default", tp=1, pp=1, cp=1, vp=1,
+                        **JOB)
+    rows = read_measurements(path)  # each value under the column it is read back from
+    assert first.launched == 1 and rows["mfu"].iloc[0] == 0.6 and rows["cp"].tolist() == [1, 1]
+    assert rows["overlap_grad_reduce"].iloc[1] and rows["status"].iloc[1] == "ok"
+    again = fake_measured_model(tmp_path, top_k=1, measurements=path)
+    layoutsearch.search(cost_model=again, search_space="default", tp=1, pp=1, cp=1, vp=1,
+                        **JOB)
+    assert again.launched == 0 and len(read_measurements(path)) == 2
+
+
 def test_a_parquet_measurement_file_is_appended_to_as_parquet(tmp_path, measurement_row):
     path = tmp_path / "runs.parquet"
     pd.DataFrame([measurement_row]).to_parquet(path, index=False)
