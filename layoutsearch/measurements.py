@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -248,10 +249,11 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 """File name endings read and written as Parquet; any other measurement file is CSV."""
 
 
-CSV_OPTIONS = {"skipinitialspace": True}
-"""How every reader of a measurement CSV parses it (pandas also drops a UTF-8 byte-order
-mark and skips blank lines): a header or cell written "a, b", a space after each comma,
-reads as "b", not " b", which would name no column of the schema."""
+def parse_csv(path: Path, **options: Any) -> pd.DataFrame:
+    """A CSV file parsed as every reader of measurement files parses it (pandas drops a UTF-8
+    byte-order mark and skips blank lines): a header or cell written "a, b", a space after
+    each comma, reads as "b", not " b", which would name no column of the schema."""
+    return pd.read_csv(path, skipinitialspace=True, **options)
 
 
 def is_parquet(path: str | Path) -> bool:
@@ -269,8 +271,8 @@ def read_table(path: str | Path) -> pd.DataFrame:
     parquet = is_parquet(path)
     try:
         # low_memory=False: types from the whole column, not per chunk of a long file.
-        table = pd.read_parquet(path) if parquet else pd.read_csv(
-            path, low_memory=False, **CSV_OPTIONS)
+        table = pd.read_parquet(path) if parquet else parse_csv(
+            path, low_memory=False)
     except pd.errors.EmptyDataError:
         raise LayoutSearchError(
             f"measurement file {str(path)!r} is empty: it needs a header line with the "

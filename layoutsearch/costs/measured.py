@@ -27,11 +27,11 @@ from layoutsearch.costs.base import MEASURED_FAILURE, CostModel, cost_model_fing
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import (
-    CSV_OPTIONS,
     MEASUREMENT_KEY,
     OPTIONAL_DEFAULTS,
     REQUIRED_COLUMNS,
     is_parquet,
+    parse_csv,
     read_table,
     validate_measurements,
 )
@@ -108,7 +108,7 @@ class MeasurementFile:
         else:
             # The header as the readers see it (spaces after commas and a byte-order mark
             # dropped), so that each value goes under the column that is read back.
-            fields = list(map(str, pd.read_csv(self.path, nrows=0, **CSV_OPTIONS).columns))
+            fields = list(map(str, parse_csv(self.path, nrows=0).columns))
             missing = [c for c in FILE_COLUMNS if c not in fields and c in values]
             if missing:
                 fields = self._add_csv_columns(missing)
@@ -132,7 +132,7 @@ class MeasurementFile:
         an optional column, else empty), its cells kept as written and a row that leaves
         out trailing empty cells filled by name; atomically, so a kill leaves either file
         whole. The new header."""
-        table = pd.read_csv(self.path, dtype=str, keep_default_na=False, **CSV_OPTIONS)
+        table = parse_csv(self.path, dtype=str, keep_default_na=False)
         for column in missing:
             table[column] = str(OPTIONAL_DEFAULTS.get(column, ""))
         self._replace(lambda handle: table.to_csv(handle, index=False, lineterminator="\n"))
