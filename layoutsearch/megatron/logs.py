@@ -131,7 +131,8 @@ def parse_log(text: str, *, warmup_iters: int = 3, returncode: int | None = 0,
     iterations = [(int(m["iteration"]), float(m["ms"]),
                    float(m["tflops"]) if m["tflops"] else np.nan)
                   for m in map(ITERATION.search, lines) if m]
-    memory = [float(m["max_allocated"]) for m in map(MEMORY.search, lines) if m]
+    # Every rank that reports prints at once: two reports may share one line.
+    memory = [float(m["max_allocated"]) for line in lines for m in MEMORY.finditer(line)]
     peak = max(memory) / 1024.0 if memory else float("nan")
     found = len(iterations)
     failed = returncode not in (0, None) or not iterations

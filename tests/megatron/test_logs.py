@@ -46,6 +46,17 @@ def test_old_format_without_throughput():
     assert result.peak_memory_gib == pytest.approx(8696.8515625 / 1024)
 
 
+def test_memory_reports_of_two_ranks_printed_onto_one_line_are_both_read():
+    # Each reporting rank prints at once; a published Megatron-LM r0.10 log has this line.
+    glued = (
+        "[Rank 2] (after 1 iterations) memory (MB) | allocated: 9334.3779296875 | max allocated: 12680.6357421875 | reserved: 13236.0 | max reserved: 13236.0"
+        "[Rank 6] (after 1 iterations) memory (MB) | allocated: 10850.67578125 | max allocated: 18850.70751953125 | reserved: 19000.0 | max reserved: 19000.0"
+    )
+    lines = CURRENT.splitlines()
+    text = "\n".join([lines[1], glued, *lines[4:]])
+    assert parse_log(text).peak_memory_gib == pytest.approx(18850.70751953125 / 1024)
+
+
 def test_all_iterations_in_warmup_keeps_the_last():
     first_two = "\n".join(CURRENT.splitlines()[:5])
     assert parse_log(first_two, warmup_iters=3).step_time_s == pytest.approx(11.182)
