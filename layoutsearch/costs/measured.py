@@ -35,7 +35,13 @@ from layoutsearch.measurements import (
     read_table,
     validate_measurements,
 )
-from layoutsearch.megatron.args import MegatronCommand, command_of_row, job_of_row
+from layoutsearch.megatron.args import (
+    FLASH_KERNELS,
+    MegatronCommand,
+    command_of_row,
+    job_of_row,
+)
+from layoutsearch.megatron.inverse import row_of_argv
 from layoutsearch.megatron.launchers import Launcher, Trial, build_launcher
 from layoutsearch.megatron.logs import LogResult, parse_log
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
@@ -283,7 +289,33 @@ class MeasuredCostModel:
                 f"launched, and the measurements in {self.file.path} are kept")
         if errors:
             return f"not measured: Megatron-LM would reject the command: {errors[0]}"
+        otherwise = self._runs_otherwise(command, row)
+        if otherwise and self.settings.extra_args and not self._runs_otherwise(
+                command_of_row(row, clusters, self.settings.replace(extra_args=())), row):
+            # Megatron-LM keeps the last of a repeated flag, and some flags set others
+            # (--recompute-activations sets selective recompute): every row would be recorded
+            # as a layout other than the one that ran.
+            raise LayoutSearchError(
+                f"cost_models=measured cannot launch: the Megatron-LM settings' extra_args "
+                f"{list(self.settings.extra_args)} change the layout each command runs "
+                f"({otherwise[0]}), so every measurement would be recorded under a layout "
+                f"that did not run. Choose that knob in the search space instead; nothing was "
+                f"launched, and the measurements in {self.file.path} are kept")
+        if otherwise:
+            return f"not measured: the command would run {otherwise[0]}"
         return ""
+
+    def _runs_otherwise(self, command: MegatronCommand, row: Mapping[str, Any]) -> list[str]:
+        """What the command runs other than the row asks ("micro_batch_size 2, not 1"), read
+        back from its argv as Megatron-LM parses it; [] when it runs the row."""
+        attention = str(row["attention"])
+        ran = row_of_argv(command.argv, env=self.launcher.environment(command),
+                          world_size=command.num_gpus, gpu=str(row["gpu"]),
+                          gpus_per_node=command.gpus_per_node,
+                          flash_kernel=attention if attention in FLASH_KERNELS else "flash2")
+        asked = {**row, "sequence_parallel": bool(row["sequence_parallel"]) and row["tp"] > 1}
+        return [f"{column} {_plain(ran[column])!r}, not {_plain(asked[column])!r}"
+                for column in MEASUREMENT_KEY if _plain(ran[column]) != _plain(asked[column])]
 
     def _selection(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
                    reasons: pd.Series, known: Mapping[tuple[Any, ...], Mapping[str, Any]],

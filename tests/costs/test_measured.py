@@ -479,6 +479,21 @@ def test_extra_args_that_break_every_command_stop_the_search(tmp_path, driver):
     assert launches(tmp_path) == [] and not (tmp_path / "m.csv").exists()
 
 
+@pytest.mark.parametrize(("extra", "changed"), [
+    (("--micro-batch-size", "2"), "micro_batch_size 2, not 1"),  # argparse keeps the last
+    (("--recompute-activations",), "recompute 'selective', not 'none'"),  # validate_args
+])
+def test_extra_args_that_change_the_layout_run_stop_the_search(tmp_path, extra, changed):
+    settings = fake_megatron_settings(tmp_path).replace(extra_args=extra)
+    model = MeasuredCostModel(settings=settings, measurements=tmp_path / "m.csv",
+                              prescreen=build_cost_model("analytic"), top_k=2)
+    with pytest.raises(layoutsearch.LayoutSearchError,
+                       match=rf"extra_args .* change the layout each command runs \({changed}\)"):
+        layoutsearch.search(cost_model=model, micro_batch_size=1, recompute="none",
+                            **SMALL_JOB)
+    assert launches(tmp_path) == [] and not (tmp_path / "m.csv").exists()
+
+
 def test_failed_launches_are_named_in_a_note_when_others_ran(tmp_path):
     model = fake_measured_model(tmp_path, top_k=3, inject="1=crash,2=oom")
     ranked = layoutsearch.search(cost_model=model, **SMALL_JOB)
