@@ -12,6 +12,7 @@ in the file is never launched again. With a `prescreen` model (the analytic one)
 from __future__ import annotations
 
 import csv
+import hashlib
 import math
 import os
 import re
@@ -27,6 +28,7 @@ from layoutsearch.costs.base import MEASURED_FAILURE, CostModel, cost_model_fing
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import (
+    JOB_KEY,
     MEASUREMENT_KEY,
     OPTIONAL_DEFAULTS,
     REQUIRED_COLUMNS,
@@ -78,8 +80,12 @@ def measurement_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def _trial_name(row: Mapping[str, Any]) -> str:
+    """A file name for the trial's log and script, one per measurement: the job fields a
+    reader looks for, the layout, and a digest of every job field (model dimensions, GPU
+    kind, batch), so that two jobs sharing a layout never share a log."""
+    job = hashlib.sha1(repr(measurement_key(row)[:len(JOB_KEY)]).encode()).hexdigest()[:8]
     label = (f"{row['model']}_s{row['seq_length']}_g{row['num_gpus']}_"
-             f"{Layout.from_row(row).describe()}")
+             f"b{row['global_batch_size']}_{Layout.from_row(row).describe()}_{job}")
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
 
 

@@ -19,6 +19,7 @@ from layoutsearch.costs import build_cost_model
 from layoutsearch.costs.measured import MeasuredCostModel
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import read_measurements
+from layoutsearch.megatron import parse_log
 from layoutsearch.testing import (
     check_cost_model,
     conformance_candidates,
@@ -492,6 +493,18 @@ def test_extra_args_that_change_the_layout_run_stop_the_search(tmp_path, extra, 
         layoutsearch.search(cost_model=model, micro_batch_size=1, recompute="none",
                             **SMALL_JOB)
     assert launches(tmp_path) == [] and not (tmp_path / "m.csv").exists()
+
+
+def test_two_jobs_sharing_a_layout_keep_a_log_each(tmp_path):
+    layout = dict(tp=1, pp=1, micro_batch_size=1, attention="flash2", recompute="none")
+    for vocab_size in (32000, 128000):  # the same name, sizes and layout; another model
+        model = fake_measured_model(tmp_path, top_k=1)
+        layoutsearch.search(cost_model=model, vocab_size=vocab_size, **layout, **SMALL_JOB)
+    rows = read_measurements(tmp_path / "measurements.csv")
+    assert len(rows) == 2 and rows["log_path"].nunique() == 2
+    assert rows["step_time_s"].nunique() == 2  # the larger vocabulary is slower
+    for step_time_s, log in zip(rows["step_time_s"], rows["log_path"], strict=True):
+        assert parse_log(Path(log).read_text()).step_time_s == pytest.approx(step_time_s)
 
 
 def test_failed_launches_are_named_in_a_note_when_others_ran(tmp_path):
