@@ -18,8 +18,12 @@ from layoutsearch.megatron.validation import parse_argv
 
 
 def _attention(args: Any, env: Mapping[str, str], flash_kernel: str) -> str:
-    if args.transformer_impl == "transformer_engine":
-        if args.attention_backend == "flash":
+    backend = args.attention_backend
+    if args.transformer_impl == "transformer_engine" and backend != "local":
+        # `auto` (Megatron-LM's default) lets Transformer Engine pick FlashAttention or
+        # cuDNN's fused attention, as does `fused` the latter: both keep the scores on chip,
+        # which is what the flash kernels' cost describes. `unfused` materializes them.
+        if backend in ("flash", "fused", "auto"):
             return flash_kernel
         softmax_fused = env.get("NVTE_MASKED_SOFTMAX_FUSION", "1") != "0"
         return "fused" if softmax_fused else "torch"

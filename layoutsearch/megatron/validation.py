@@ -79,7 +79,7 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
     p.add_argument("--recompute-method", choices=["uniform", "block"])
     p.add_argument("--recompute-num-layers", type=int)
-    p.add_argument("--recompute-modules", nargs="+", type=str)
+    p.add_argument("--recompute-modules", nargs="*", type=str)
     p.add_argument("--train-iters", type=int)
     p.add_argument("--log-interval", type=int, default=100)
     p.add_argument("--no-masked-softmax-fusion", action="store_false",

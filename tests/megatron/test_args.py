@@ -106,6 +106,22 @@ def test_attention_and_rmsnorm_kernels(attention, rmsnorm, impl, backend, softma
     assert (row["attention"], row["rmsnorm_kernel"]) == (attention, rmsnorm)
 
 
+@pytest.mark.parametrize(("backend", "attention"), [
+    ("auto", "flash2"), ("fused", "flash2"), ("flash", "flash2"), ("unfused", "fused")])
+def test_a_command_from_elsewhere_reads_back_transformer_engines_attention(backend, attention):
+    # Megatron-LM's default `auto` and cuDNN's `fused` keep the scores on chip, as flash does.
+    command = build_command(study_layout(64, 1, 1), study_job("llama_13b", 2048, 64))
+    argv = _set(list(command.argv), "--attention-backend", backend)
+    assert row_of_argv(argv, env={}, world_size=64, gpu="a100_80gb")["attention"] == attention
+
+
+def test_recompute_modules_may_be_given_without_a_value_as_megatron_allows():
+    command = build_command(study_layout(64, 1, 1), study_job("llama_13b", 2048, 64))
+    argv = [*command.argv, "--recompute-granularity", "selective", "--recompute-modules"]
+    assert not [p for p in validate_argv(argv, env=command.env, world_size=64)
+                if p.severity == "error"]
+
+
 def test_inexpressible_kernels_say_so():
     job = study_job("llama_13b", 2048, 64)
     flash1 = build_command(study_layout(64, 1, 1, attention="flash1"), job)
