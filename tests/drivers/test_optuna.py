@@ -288,6 +288,14 @@ def test_a_study_made_for_another_job_or_space_is_refused(tmp_path: Path,
     with pytest.raises(LayoutSearchError,
                        match=r"job rope_scaling_factor: study \(absent\), this search 8.0"):
         OptunaDriver(n_trials=3, storage=url, study_name="s", progress=False).run(rescaled)
+    # So is a cluster whose GPU or fabric differs under the same kind's name.
+    cluster = problem.job.cluster
+    smaller = cluster.replace(gpu=dataclasses.replace(cluster.gpu, memory_gib=40.0))
+    on_smaller = SearchProblem.build(dataclasses.replace(problem.job, cluster=smaller),
+                                     problem.space, counting, problem.clusters)
+    with pytest.raises(LayoutSearchError,
+                       match=r"cluster gpu.memory_gib: study 80, this search 40.0"):
+        OptunaDriver(n_trials=3, storage=url, study_name="s", progress=False).run(on_smaller)
 
 
 def test_a_study_priced_by_other_constants_is_refused(tmp_path: Path) -> None:

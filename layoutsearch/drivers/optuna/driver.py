@@ -19,6 +19,7 @@ share a study. The package `drivers/optuna/` is the only code that imports optun
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import multiprocessing
@@ -50,6 +51,7 @@ from layoutsearch.drivers.optuna.worker import (
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.problem import SearchProblem
 from layoutsearch.results import rank
+from layoutsearch.specs import ClusterSpec
 
 DIRECTIONS = {
     "mfu": "maximize", "tokens_per_s": "maximize",
@@ -151,6 +153,8 @@ class OptunaDriver:
         """What a study was made for; a study made for another search is refused."""
         made_for = {
             "job": problem.job.columns(),
+            # The GPU's and fabric's figures price every layout; the job names only the kind.
+            "cluster": _cluster_fields(problem.job.cluster),
             "space": {k: list(v) for k, v in problem.space.axes().items()},
             "objectives": list(self.objectives),
             "cost_model": cost_model_fingerprint(problem.cost_model),
@@ -307,6 +311,14 @@ class _Absent:
 
 
 ABSENT = _Absent()
+
+
+def _cluster_fields(cluster: ClusterSpec) -> dict[str, Any]:
+    """The cluster's fields, the GPU's flattened ("gpu.memory_gib"), so that a difference
+    names the field that changed."""
+    fields = dataclasses.asdict(cluster)
+    gpu = fields.pop("gpu")
+    return {**fields, **{f"gpu.{name}": value for name, value in gpu.items()}}
 
 
 def _differences(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
