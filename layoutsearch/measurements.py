@@ -186,7 +186,11 @@ def validate_measurements(frame: pd.DataFrame, source: str = "measurements",
             i = _first(unknown)
             name = str(out["gpu"].iloc[i])
             raise _fail(source, rows[i], "gpu", unknown_name_message("gpu", name, gpus))
-    out.attrs.pop(LINE_NUMBERS, None)  # positions of the file read, not of a later frame
+    # The copy is numbered 0..n-1: each row keeps the line it came from under its new label,
+    # so that a later check of a filtered frame (calibration) still names the file's line.
+    lines = frame.attrs.get(LINE_NUMBERS, {})
+    out.attrs[LINE_NUMBERS] = {position: lines[label] for position, label
+                               in enumerate(frame.index) if label in lines}
     return out
 
 

@@ -328,19 +328,20 @@ def test_measured_rows_that_break_a_rule_are_named_and_left_out(tmp_path, capsys
     runs["attention"] = runs["attention"].astype(str)
     runs.loc[3, "attention"] = "flash3"  # a typo: FlashAttention-3 needs a Hopper GPU
     path = tmp_path / "runs.csv"
-    runs.to_csv(path, index=False)
+    header, *records = runs.to_csv(index=False).splitlines()
+    path.write_text("\n".join([header, "", *records]) + "\n")  # a blank line: row 3 on line 6
     assert main([str(path), "--out", str(tmp_path / "mine.yaml"), "--no-cv", "--free",
                  "gemm_efficiency", "--max-evals", "5", "--memory-grid", "3"]) == 0
     error = capsys.readouterr().err
     assert (f"warning: 1 of {len(runs)} ok/oom rows break a rule and are left out of the fit, "
-            "e.g. row 5 (llama_7b, a100_80gb, tp ") in error
-    assert "flash3" in error.split("e.g. row 5", 1)[1]
+            "e.g. line 6 (llama_7b, a100_80gb, tp ") in error
+    assert "flash3" in error.split("e.g. line 6", 1)[1]
 
 
 def test_step_times_in_the_wrong_unit_are_refused_before_the_fit():
     runs = synthetic_runs(PRIOR["a100_80gb"])
     runs["step_time_s"] *= 1000  # milliseconds
-    with pytest.raises(LayoutSearchError, match=r"row 2 \(llama_7b, a100_80gb, tp 1 pp 1\): "
+    with pytest.raises(LayoutSearchError, match=r"index 0 \(llama_7b, a100_80gb, tp 1 pp 1\): "
                        r"step_time_s=.* gives MFU .* but mfu=.* \(1e\+03x\); .* is "
                        "step_time_s in seconds"):
         fit_constants(runs, PRIOR, ["gemm_efficiency"], max_evals=5, memory_grid=3)

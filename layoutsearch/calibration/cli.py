@@ -94,7 +94,7 @@ def _rows_of_base_kinds(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants
     missing = sorted(set(rows["gpu"]) - set(base))
     if not missing:
         return rows
-    kept = rows[rows["gpu"].isin(list(base))].reset_index(drop=True)
+    kept = rows[rows["gpu"].isin(list(base))]  # labels kept: errors name the file's lines
     advice = (f"--base {name} has no constants for GPU kind(s) {', '.join(missing)} (a "
               "calibrated file holds only the kinds it fitted); start from analytic_prior, "
               "which has every kind, to fit them")

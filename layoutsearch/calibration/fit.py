@@ -27,6 +27,7 @@ from layoutsearch.costs.constants import AnalyticConstants
 from layoutsearch.costs.shapes import Shapes
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.fidelity import GROUP_COLUMNS, fidelity, spearman_change_interval
+from layoutsearch.measurements import row_names
 from layoutsearch.rules import violations
 from layoutsearch.specs import ClusterSpec
 
@@ -49,9 +50,9 @@ def _usable(rows: pd.DataFrame, clusters: Mapping[str, ClusterSpec]) -> pd.DataF
         row = rows.iloc[i]
         warnings.warn(
             f"{len(broken)} of {int(measured.sum())} ok/oom rows break a rule and are left "
-            f"out of the fit, e.g. row {rows.index[i] + 2} ({row['model']}, {row['gpu']}, tp "
+            f"out of the fit, e.g. {row_names(rows)[i]} ({row['model']}, {row['gpu']}, tp "
             f"{row['tp']} pp {row['pp']} dp {row['dp']}): {reasons.iloc[i]}", stacklevel=3)
-    return rows[measured & (reasons == "")].reset_index(drop=True)
+    return rows[measured & (reasons == "")]
 
 
 def _check_names(names: Sequence[str]) -> None:
@@ -153,7 +154,7 @@ def check_units(rows: pd.DataFrame, clusters: Mapping[str, ClusterSpec]) -> None
         i = off[0]
         row = ok.iloc[i]
         raise LayoutSearchError(
-            f"row {ok.index[i] + 2} ({row['model']}, {row['gpu']}, tp {row['tp']} pp "
+            f"{row_names(ok)[i]} ({row['model']}, {row['gpu']}, tp {row['tp']} pp "
             f"{row['pp']}): step_time_s={row['step_time_s']:g} gives MFU {implied[i]:.4g} by "
             f"the study's formula (docs/measurements.md), but mfu={row['mfu']:g} "
             f"({ratio[i]:.3g}x); {len(off)} of {len(ok)} ok rows disagree like this: is "
