@@ -7,6 +7,7 @@ constants, so a fit can be checked against the truth.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -188,9 +189,13 @@ def test_cli_writes_a_loadable_config_with_provenance(tmp_path, capsys):
     assert "held-out jobs at least as good as the prior" in printed
     config = yaml.safe_load(out.read_text())
     provenance = config["provenance"]
-    assert provenance["rows"] == len(pd.read_csv(path)) and provenance["base"] == "analytic_prior"
-    assert set(provenance["leave_one_job_out"]) == {"llama_7b 2048 16", "llama_13b 2048 32"}
-    held_out = provenance["leave_one_job_out"]["llama_7b 2048 16"]
+    measured = pd.read_csv(path)["status"].isin(["ok", "oom"]).sum()
+    assert provenance["rows"] == measured and provenance["base"] == "analytic_prior"
+    assert "memory constants: fewest wrong ok/oom calls" in provenance["method"]
+    # Jobs are named by every field that makes one: two jobs may differ in GPU kind alone.
+    jobs = {"llama_7b 2048 a100_80gb 16 256", "llama_13b 2048 a100_80gb 32 256"}
+    assert set(provenance["leave_one_job_out"]) == jobs
+    held_out = provenance["leave_one_job_out"]["llama_7b 2048 a100_80gb 16 256"]
     assert {"verdict", "mape_prior", "mape_cv", "spearman_change_95"} <= set(held_out)
     low, high = held_out["spearman_change_95"]
     assert low <= held_out["spearman_cv"] - held_out["spearman_prior"] + 1e-3 and low <= high
@@ -258,6 +263,25 @@ def test_cli_keeps_the_fit_when_out_cannot_be_written(tmp_path, capsys, monkeypa
     assert "cannot be written ([Errno 13] Permission denied" in error
     kept = error.rsplit("the fit is kept in ", 1)[1].strip()
     assert isinstance(build_cost_model(kept), AnalyticCostModel)
+    # The fit is kept under a name of its own: the one asked for may be what failed.
+    assert kept.endswith("/calibrated.yaml")
+    assert "memory constants: fewest wrong ok/oom calls" in (
+        yaml.safe_load(Path(kept).read_text())["provenance"]["method"])
+    # A name the file system refuses is refused before the fit.
+    with pytest.raises(SystemExit) as stop:
+        main([str(path), "--out", str(tmp_path / f"{'a' * 300}.yaml"), "--no-cv"])
+    assert stop.value.code == 2 and "cannot be used (File name too long)" in (
+        capsys.readouterr().err)
+
+
+def test_kept_memory_constants_are_said_so_in_the_provenance(tmp_path):
+    path = tmp_path / "runs.csv"
+    synthetic_runs(PRIOR["a100_80gb"]).to_csv(path, index=False)
+    out = tmp_path / "kept.yaml"
+    assert main([str(path), "--out", str(out), "--no-cv", "--keep-memory", "--free",
+                 "gemm_efficiency", "--max-evals", "5"]) == 0
+    method = yaml.safe_load(out.read_text())["provenance"]["method"]
+    assert method.startswith("memory constants: kept from the base (--keep-memory); time")
 
 
 def test_cli_writes_only_the_measured_gpu_kinds(tmp_path, capsys):
@@ -311,12 +335,17 @@ def test_a_gpu_kind_with_too_few_runs_is_left_out_and_the_other_still_fitted(tmp
     out = tmp_path / "mine.yaml"
     assert main([str(path), "--out", str(out), "--no-cv", "--free", "gemm_efficiency",
                  "--max-evals", "5", "--memory-grid", "3"]) == 0
-    error = capsys.readouterr().err
+    printed = capsys.readouterr()
     assert ("layoutsearch-calibrate: warning: h100_sxm: 2 rows with status ok for 1 "
-            "constants (gemm_efficiency)") in error
-    assert error.rstrip().endswith("its constants are not fitted")
+            "constants (gemm_efficiency)") in printed.err
+    assert "its constants are not fitted" in printed.err
+    # The figures are those of the kinds the file holds constants for.
+    assert ("warning: the rows of h100_sxm are left out of the figures below: their "
+            "constants were not fitted") in printed.err
+    assert "h100_sxm" not in printed.out and f"({len(runs)} rows)" in printed.out
     config = yaml.safe_load(out.read_text())
     assert list(config["gpus"]) == ["a100_80gb"] == config["provenance"]["gpus"]
+    assert config["provenance"]["rows"] == runs["status"].isin(["ok", "oom"]).sum()
     # With the A100 rows gone too, nothing can be fitted: the error names why.
     with (pytest.raises(LayoutSearchError, match="h100_sxm: 2 rows with status ok for"),
           pytest.warns(UserWarning, match="h100_sxm: no row with status oom")):

@@ -31,6 +31,7 @@ from layoutsearch.calibration.memory import GRID
 from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs.constants import AnalyticConstants, load_constants
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.fidelity import GROUP_COLUMNS
 from layoutsearch.measurements import read_measurements
 
 SUMMARY = ("fit_accuracy", "min_spearman", "max_regret_points", "top3_hits", "mape")
@@ -124,21 +125,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             fitted = fit_constants(rows, base, free, clusters=clusters, **settings)
     except LayoutSearchError as error:
         parser.error(str(error))
+    # Scored and written are the kinds fitted: the file holds no constants for the others.
+    unfitted = sorted(set(rows["gpu"]) - set(fitted))
+    if unfitted:
+        rows = rows[rows["gpu"].isin(list(fitted))]
+        print(f"layoutsearch-calibrate: warning: the rows of {', '.join(unfitted)} are left "
+              "out of the figures below: their constants were not fitted", file=sys.stderr)
     before_table, before = scored(rows, base, clusters)
     after_table, after = scored(rows, {**base, **fitted}, clusters)
     pd.set_option("display.width", 200)
-    show = ["model", "seq_length", "num_gpus", "rows", *FIDELITY_COLUMNS, "top3_hit"]
+    show = [*GROUP_COLUMNS, "rows", *FIDELITY_COLUMNS, "top3_hit"]
     print(f"fidelity on {args.measurements} ({len(rows)} rows), in-sample")
     print(f"before ({args.base}):\n" + before_table[show].round(3).to_string(index=False))
     print("after (fitted on all jobs):\n" + after_table[show].round(3).to_string(index=False))
     print(f"summary before: {_figures(before)}\nsummary after:  {_figures(after)}")
+    memory_method = ("kept from the base (--keep-memory)" if args.keep_memory else
+                     "fewest wrong ok/oom calls, widest margin (grid)")
     provenance: dict[str, Any] = {
         "data": str(Path(args.measurements).resolve()), "date": datetime.date.today().isoformat(),
-        "rows": len(rows), "base": args.base, "free": free or "default",
-        "method": "memory constants: fewest wrong ok/oom calls, widest margin (grid); time "
-                  "constants: squared log step-time error + per-job pair-order and "
-                  "regret penalties + log-normal pull to the base (coordinate scan, Nelder-Mead), "
-                  "within physical and published bounds",
+        "rows": int(rows["status"].isin(["ok", "oom"]).sum()),
+        "rows_note": "ok/oom rows of the fitted GPU kinds (others say nothing of speed or "
+                     "memory); the fit also leaves out rows that break a rule, with a warning",
+        "base": args.base, "free": free or "default",
+        "method": f"memory constants: {memory_method}; time constants: squared log "
+                  "step-time error + per-job pair-order and regret penalties + log-normal pull "
+                  "to the base (coordinate scan, Nelder-Mead), within physical and published "
+                  "bounds",
         "in_sample_before": _figures(before), "in_sample_after": _figures(after),
     }
     try:
@@ -152,12 +164,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         cv, pooled = validated
         print(f"leave-one-job-out: fit on the other jobs, score the held-out one "
               f"(prior = {args.base})")
-        columns = ["model", "seq_length", "num_gpus",
+        columns = [*GROUP_COLUMNS,
                    *(f"{c}_{w}" for c in FIDELITY_COLUMNS for w in ("prior", "cv")), "verdict"]
         print(cv[columns].round(3).to_string(index=False))
         good = int((cv["verdict"] == "at least as good").sum())
         print(f"held-out jobs at least as good as the prior: {good} of {len(cv)}")
-        held_out = {" ".join(str(r[c]) for c in ("model", "seq_length", "num_gpus")): r
+        # Each job by every field that makes it one (docs/fidelity.md's group).
+        held_out = {" ".join(str(r[c]) for c in GROUP_COLUMNS): r
                     for r in cv.to_dict("records")}
         print("change in rho, held-out fit - prior, with its 95 % paired-bootstrap interval "
               "over the job's runs (an interval holding 0 is within their noise):")
@@ -184,8 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         path = write_config(args.out, fitted, provenance)
     except OSError as error:
+        # A fixed short name: the one asked for may be what could not be written.
         kept = write_config(Path(tempfile.mkdtemp(prefix="layoutsearch-calibrate-"))
-                            / Path(args.out).name, fitted, provenance)
+                            / "calibrated.yaml", fitted, provenance)
         print(f"layoutsearch-calibrate: error: --out {args.out}: cannot be written "
               f"({error}); the fit is kept in {kept}", file=sys.stderr)
         return 1
@@ -195,7 +209,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _unwritable(out: str, measurements: str) -> str | None:
     """Why a YAML file cannot be written at `out` (None: it can), checked before the fit."""
-    path = Path(out)
+    try:
+        return _unwritable_path(Path(out), out, measurements)
+    except OSError as error:  # a name the file system refuses (too long, say)
+        return f"cannot be used ({error.strerror or error})"
+
+
+def _unwritable_path(path: Path, out: str, measurements: str) -> str | None:
     if out.endswith(("/", "\\")) or path.is_dir():
         return "is a folder; name the YAML file to write"
     if path.exists() and path.resolve() == Path(measurements).resolve():
