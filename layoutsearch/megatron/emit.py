@@ -30,6 +30,10 @@ def _command(row: Mapping[str, Any], job: Job, settings: MegatronSettings,
     return build_command(layout, job, settings)
 
 
+SCRIPTS_DIR = "megatron"
+"""The folder of a job's output directory that `emit=megatron` writes launch scripts into."""
+
+
 def with_megatron_args(ranked: pd.DataFrame, job: Job, settings: SettingsSpec = None,
                        ) -> pd.DataFrame:
     """`ranked` with `megatron_args`: the `pretrain_gpt.py` arguments of each row, quoted.
@@ -106,7 +110,7 @@ def emit_megatron(ranked: pd.DataFrame, output_dir: Path, top_k: int = 5) -> Non
     if not ranked["fits"].astype(bool).any():
         print("wrote no Megatron-LM launch scripts: no layout fits")
         return
-    paths = write_launch_scripts(ranked, job, Path(output_dir) / "megatron", top_k=top_k,
+    paths = write_launch_scripts(ranked, job, Path(output_dir) / SCRIPTS_DIR, top_k=top_k,
                                  settings=settings)
     ranks = [int(path.name.split("_", 1)[0]) for path in paths]
     merged = max(ranks) - len(ranks)

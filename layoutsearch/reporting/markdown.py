@@ -118,6 +118,9 @@ def _rules_section(check: StudyCheck | None) -> list[str]:
     return [*lines, markdown_table(rows, ["rule", "best layout", "why"]), ""]
 
 
+REPORT_FILE = "report.md"
+
+
 def write_report(ranked: pd.DataFrame, out_dir: Path, *, top_k: int = TOP_K) -> Path:
     """Write `report.md` and its PNGs into `out_dir`; returns the report's path."""
     job = ranked.attrs["job"]
@@ -155,6 +158,6 @@ def write_report(ranked: pd.DataFrame, out_dir: Path, *, top_k: int = TOP_K) -> 
         lines += ["## Why the main alternatives lost", "",
                   *[f"- {line}" for line in why_rejected(ranked)], ""]
     lines += _rules_section(check)
-    path = out_dir / "report.md"
+    path = out_dir / REPORT_FILE
     path.write_text("\n".join(lines))
     return path

@@ -136,10 +136,15 @@ def tp_pp_heatmap(ranked: pd.DataFrame) -> Figure:
     return fig
 
 
+FIGURE_NAMES = ("mfu_vs_memory", "tp_pp_heatmap", "breakdown")
+"""The report's figures, each saved as `<name>.png` beside report.md."""
+
+
 def save_figures(ranked: pd.DataFrame, out_dir: Path, *, gpu_memory_gib: float,
                  bars: Sequence[tuple[str, pd.Series]],
                  marks: Sequence[tuple[str, pd.Series]]) -> dict[str, Path]:
-    """Write the report's PNGs into `out_dir`; returns figure name -> path."""
+    """Write the report's PNGs into `out_dir` (`<name>.png`, names from FIGURE_NAMES);
+    returns figure name -> path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = {"mfu_vs_memory": mfu_memory_figure(ranked, gpu_memory_gib=gpu_memory_gib,
                                                   marks=marks),

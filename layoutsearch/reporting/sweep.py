@@ -14,6 +14,7 @@ file the callback touches as it starts: outputs older than it are left out.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,10 @@ import yaml
 from matplotlib.figure import Figure
 
 from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.megatron.emit import SCRIPTS_DIR
 from layoutsearch.reporting.explain import label
-from layoutsearch.reporting.markdown import markdown_table
+from layoutsearch.reporting.markdown import REPORT_FILE, markdown_table
+from layoutsearch.reporting.plots import FIGURE_NAMES
 
 JOB_COLUMNS = ("model", "vocab_size", "gpu", "num_gpus", "seq_length", "global_batch_size")
 BEST_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "tokens_per_s", "peak_memory_gib",
@@ -59,9 +62,13 @@ def mark_sweep_start(sweep_dir: Path) -> None:
 
 def forget_job_outputs(job_dir: Path) -> None:
     """Remove what an earlier run of this job left (a rerun into the same directory): the
-    summary must not read an old ranking beside a new error, or old notes."""
-    for name in (RANKED_FILE, NOTES_FILE, ERROR_FILE):
+    summary must not read an old ranking beside a new error, nor a reader find an old
+    report, its figures or launch scripts beside it."""
+    files = (RANKED_FILE, NOTES_FILE, ERROR_FILE, REPORT_FILE,
+             *(f"{name}.png" for name in FIGURE_NAMES))
+    for name in files:
         (job_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(job_dir / SCRIPTS_DIR, ignore_errors=True)
 
 
 def write_notes(ranked: pd.DataFrame, job_dir: Path) -> Path:
@@ -192,7 +199,7 @@ def write_summary(table: pd.DataFrame, sweep_dir: Path) -> Path:
             error = r.get("error")
             failed = pd.notna(error)
             rows.append([
-                f"[{r['job']}]({r['job']}/{ERROR_FILE if failed else 'report.md'})",
+                f"[{r['job']}]({r['job']}/{ERROR_FILE if failed else REPORT_FILE})",
                 r["overrides"] or "(defaults)",
                 f"error: {error}" if failed else
                 r["layout"] if fits else _nothing_fits(r),

@@ -126,8 +126,16 @@ def test_a_rerun_forgets_the_jobs_old_outputs_and_notes_keep_their_own_keys(
     assert table.loc[0, "mfu"] == 0.61  # a stray key in notes.yaml overwrites nothing
     assert table.loc[0, "close_call_note"] == "2 other layouts are within 5 %"
     assert "headroom_note" not in table.columns
-    # The same job rerun into this directory with a wrong input: only its error is left.
-    forget_job_outputs(tmp_path / "0")
+    # The same job rerun into this directory with a wrong input: only its error is left,
+    # not the earlier run's report, figures and launch scripts either.
+    job = tmp_path / "0"
+    for name in ("report.md", "breakdown.png", "tp_pp_heatmap.png", "megatron/01_tp1.sh"):
+        (job / name).parent.mkdir(exist_ok=True)
+        (job / name).write_text("from the earlier run\n")
+    (job / ".hydra").mkdir(exist_ok=True)
+    (job / ".hydra" / "overrides.yaml").write_text("- num_gpus=12\n")
+    forget_job_outputs(job)
+    assert sorted(p.name for p in job.iterdir()) == [".hydra"]
     (tmp_path / "0" / ERROR_FILE).write_text("job.num_gpus=12: must be a whole number of nodes\n")
     table = collect_sweep(tmp_path)
     assert len(table) == 1 and table.loc[0, "error"].startswith("job.num_gpus=12")
