@@ -316,6 +316,10 @@ def test_bad_storage_urls_and_settings_are_named(tmp_path: Path,
                 f"{tmp_path}/no/such/dir/x.log", "postgresql://nobody@127.0.0.1:1/none"):
         with pytest.raises(LayoutSearchError, match=r"driver\.storage="):
             OptunaDriver(n_trials=2, storage=url, progress=False).run(problem)
+    for url in (f"sqlite:///{tmp_path}/no/such/dir/x.db", f"{tmp_path}/no/such/dir/x.log"):
+        with pytest.raises(LayoutSearchError, match=rf"folder '{tmp_path}/no/such/dir' does "
+                                                    "not exist"):
+            OptunaDriver(n_trials=2, storage=url, progress=False).run(problem)
     with pytest.raises(LayoutSearchError, match="through a storage"):
         OptunaDriver(n_workers=2)
     with pytest.raises(LayoutSearchError, match="unknown objective 'mfuu'"):

@@ -59,6 +59,11 @@ def open_storage(url: str | None) -> BaseStorage:
             raise ValueError("not a storage URL")
         if not url.startswith("sqlite"):
             return RDBStorage(url)
+        # sqlite:///relative.db, sqlite:////absolute.db, maybe with ?options after it.
+        database = url.split(":///", 1)[-1].split("?", 1)[0]
+        if database and database != ":memory:" and not Path(database).parent.is_dir():
+            # SQLite says only "unable to open database file".
+            raise FileNotFoundError(f"folder {str(Path(database).parent)!r} does not exist")
         # Wait for other workers' writes instead of failing with "database is locked".
         storage = RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
         serialize_sqlite(storage.engine)
