@@ -81,6 +81,7 @@ EMITTERS: dict[str, Emitter] = {"megatron": emit_megatron}
 the rows travels in the frame's attrs, set by `search`. Register here."""
 
 USER_ERROR_STATUS = 2  # the argparse convention for "the command line was wrong"
+INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 NO_FIT_STATUS = 3
 """Exit status of a single run whose search found no layout that fits: the outputs are
 written and the reason printed, but a script that goes on to launch (`emit=megatron`, then
@@ -479,7 +480,13 @@ def main() -> None:
     except LayoutSearchError as error:
         _fail(error)
     sys.argv[1:] = settable_spec_fields(sys.argv[1:])
-    _app()
+    try:
+        _app()
+    except KeyboardInterrupt:
+        # Ctrl-C is the user's choice, not a failure to explain with a traceback; what was
+        # saved (a study, measurements) said so as it stopped.
+        print("layoutsearch: interrupted", file=sys.stderr)
+        sys.exit(INTERRUPTED_STATUS)
 
 
 if __name__ == "__main__":

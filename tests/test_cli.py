@@ -8,8 +8,10 @@ tp in {1, 2} to keep each run well under a second.
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -370,3 +372,22 @@ def test_a_dry_run_exits_0_with_its_scripts(tmp_path: Path) -> None:
         in done.stdout
     assert "no layout fits" not in done.stdout
     assert len(list((tmp_path / "megatron_logs").glob("*.sh"))) == 1
+
+
+def test_ctrl_c_stops_an_optuna_search_without_a_traceback_and_says_how_to_resume(
+        tmp_path: Path) -> None:
+    study = tmp_path / "study.db"
+    search_run = subprocess.Popen(
+        [sys.executable, "-m", "layoutsearch.cli", "driver=optuna", "driver.n_trials=100000",
+         f"driver.storage=sqlite:///{study}", "search_spaces=default",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not study.exists() and time.monotonic() < deadline:  # the study is open
+        time.sleep(0.2)
+    time.sleep(1.0)
+    search_run.send_signal(signal.SIGINT)
+    _, stderr = search_run.communicate(timeout=60)
+    assert search_run.returncode == 130 and "Traceback" not in stderr
+    assert "keeps every finished trial, and the same command resumes the study" in stderr
+    assert stderr.rstrip().endswith("layoutsearch: interrupted")

@@ -24,6 +24,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -218,6 +219,11 @@ class OptunaDriver:
                 release(storage)
                 self._run_workers(problem, done)
             return self.results(study, problem, index)
+        except KeyboardInterrupt:
+            if self.storage:
+                print(f"\noptuna: interrupted; driver.storage={self.storage} keeps every "
+                      "finished trial, and the same command resumes the study", file=sys.stderr)
+            raise
         finally:
             optuna.logging.set_verbosity(verbosity)
 
