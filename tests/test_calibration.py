@@ -7,6 +7,8 @@ constants, so a fit can be checked against the truth.
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -437,3 +439,22 @@ def test_unknown_constant_is_named():
 def test_prior_spreads_name_continuous_constants():
     assert set(PRIOR_SPREAD) <= set(bounds_for("a100_80gb"))
     assert all(spread > 0 for spread in PRIOR_SPREAD.values())
+
+
+def test_the_base_must_be_analytic_constants_and_an_unknown_one_lists_those(tmp_path, capsys):
+    path = tmp_path / "runs.csv"
+    synthetic_runs(PRIOR["a100_80gb"]).to_csv(path, index=False)
+    for base, message in (
+            ("measured", "holds a MeasuredCostModel config, not analytic constants"),
+            ("analytc", "did you mean 'analytic'? valid analytic constants names: analytic, "
+                        "analytic_prior")):
+        with pytest.raises(SystemExit) as stop:
+            main([str(path), "--out", str(tmp_path / "x.yaml"), "--base", base])
+        assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_calibration_runs_as_a_module(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "layoutsearch.calibration", "--help"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout.startswith("usage: layoutsearch-calibrate")
+    assert "Warning" not in done.stderr

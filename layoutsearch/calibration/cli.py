@@ -240,4 +240,3 @@ def _how_to_use(path: Path) -> str:
                 f"cost_models and pass that folder's parent with --config-dir")
     return (f"use it: layoutsearch --config-dir {shlex.quote(str(path.parent.parent))} "
             f"cost_models={path.stem} ..., or from Python: {python}")
-

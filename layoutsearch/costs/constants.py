@@ -97,8 +97,17 @@ def _rule_of(name: str) -> str:
     return "a number > 0"
 
 
-def constants_path(name_or_path: str | Path) -> Path:
-    """A cost-model config by group name (`analytic`) or by file path."""
+ANALYTIC_TARGET = "layoutsearch.costs.analytic.AnalyticCostModel"
+"""The `_target_` of a `cost_models/` file that holds analytic constants."""
+
+
+def _targets(config: object) -> str | None:
+    return config.get("_target_") if isinstance(config, dict) else None
+
+
+def constants_path(name_or_path: str | Path, target: str | None = None) -> Path:
+    """A cost-model config by group name (`analytic`) or by file path; an unknown name lists
+    the cost models (those of `target` only, when given)."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():
@@ -108,8 +117,10 @@ def constants_path(name_or_path: str | Path) -> Path:
     if not candidate.is_file():
         # Cost models name their class; the Megatron-LM settings file beside them does not.
         names = [p.stem for p in sorted(config_dir("cost_models").glob("*.yaml"))
-                 if "_target_" in (yaml.safe_load(p.read_text()) or {})]
-        raise LayoutSearchError(unknown_name_message("cost model", str(name_or_path), names))
+                 if (found := _targets(yaml.safe_load(p.read_text())))
+                 and (target is None or found == target)]
+        kind = "analytic constants" if target == ANALYTIC_TARGET else "cost model"
+        raise LayoutSearchError(unknown_name_message(kind, str(name_or_path), names))
     return candidate
 
 
@@ -125,6 +136,12 @@ def parse_constants(config: Mapping[str, Any], where: str) -> dict[str, Analytic
 
 
 def load_constants(name_or_path: str | Path = "analytic") -> dict[str, AnalyticConstants]:
-    path = constants_path(name_or_path)
+    path = constants_path(name_or_path, target=ANALYTIC_TARGET)
     with path.open() as handle:
-        return parse_constants(yaml.safe_load(handle) or {}, str(path))
+        config = yaml.safe_load(handle) or {}
+    target = _targets(config)
+    if target not in (None, ANALYTIC_TARGET):
+        raise LayoutSearchError(
+            f"{path}: holds a {target.rsplit('.', 1)[-1]} config, not analytic constants; "
+            "name an analytic one (analytic, analytic_prior or a calibrated file)")
+    return parse_constants(config, str(path))
