@@ -86,17 +86,35 @@ def _fail(source: str, row: str, column: str, message: str) -> LayoutSearchError
 
 
 LINE_NUMBERS = "line_numbers"
-"""The `attrs` key under which read_table keeps, per index label, the line each data row of
-a CSV file starts on, so that an error names the line a text editor shows. Keyed by label,
-it stays right when the frame is filtered or sorted before it is validated."""
+"""The `attrs` key under which read_table keeps the line each data row of a CSV file starts
+on, by index label (the n rows are labelled 0..n-1 as read), so that an error names the line a
+text editor shows, also after the frame is filtered or sorted."""
+
+
+def _keep_lines(frame: pd.DataFrame, lines: Sequence[int] | np.ndarray) -> None:
+    # pandas deep-copies `attrs` into every frame and column it derives (a column read, a
+    # filter): as bytes they are copied for nothing, and pd.concat compares them safely.
+    frame.attrs[LINE_NUMBERS] = np.asarray(lines, dtype=np.int64).tobytes()
+
+
+def _row_lines(frame: pd.DataFrame) -> np.ndarray | None:
+    """The line each row of `frame` came from, in row order; None unless every row has one."""
+    lines = np.frombuffer(frame.attrs.get(LINE_NUMBERS, b""), dtype=np.int64)
+    labels = frame.index
+    if not pd.api.types.is_integer_dtype(labels) or not len(lines):
+        return None
+    if len(labels) and (labels.min() < 0 or labels.max() >= len(lines)):
+        return None
+    return lines[labels.to_numpy()]
 
 
 def row_names(frame: pd.DataFrame) -> list[str]:
     """How an error names each row: its line in the CSV file it was read from ("line 7"),
     else its label in the frame's index ("index 5"), which `frame.loc` finds."""
-    lines = frame.attrs.get(LINE_NUMBERS, {})
-    return [f"line {lines[label]}" if label in lines else f"index {label!r}"
-            for label in frame.index]
+    lines = _row_lines(frame)
+    if lines is not None:
+        return [f"line {n}" for n in lines]
+    return [f"index {label!r}" for label in frame.index]
 
 
 def as_bool(frame: pd.DataFrame, column: str, source: str,
@@ -188,9 +206,11 @@ def validate_measurements(frame: pd.DataFrame, source: str = "measurements",
             raise _fail(source, rows[i], "gpu", unknown_name_message("gpu", name, gpus))
     # The copy is numbered 0..n-1: each row keeps the line it came from under its new label,
     # so that a later check of a filtered frame (calibration) still names the file's line.
-    lines = frame.attrs.get(LINE_NUMBERS, {})
-    out.attrs[LINE_NUMBERS] = {position: lines[label] for position, label
-                               in enumerate(frame.index) if label in lines}
+    lines = _row_lines(frame)
+    if lines is None:
+        out.attrs.pop(LINE_NUMBERS, None)
+    else:
+        _keep_lines(out, lines)
     return out
 
 
@@ -292,7 +312,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
     if not parquet:
         lines = _record_lines(path)
         if len(lines) == len(table):  # else the rows are named by position, as read
-            table.attrs[LINE_NUMBERS] = dict(zip(table.index, lines, strict=True))
+            _keep_lines(table, lines)
     if not parquet and len(table.columns) == 1:
         header = str(table.columns[0])
         other = next((name for mark, name in OTHER_DELIMITERS.items() if mark in header), None)
