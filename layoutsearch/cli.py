@@ -38,6 +38,7 @@ from omegaconf.errors import OmegaConfBaseException
 from layoutsearch.api import NoLayoutFitsWarning, search
 from layoutsearch.catalog import CLUSTER_DIR, MODEL_DIR, cluster_from_dict, model_from_dict
 from layoutsearch.costs import build_cost_model
+from layoutsearch.costs.constants import config_target
 from layoutsearch.drivers import build_driver
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.layout import LAYOUT_COLUMNS
@@ -104,7 +105,7 @@ def offered_options(group: str, extra: Sequence[Path] = ()) -> list[str]:
     options = group_options(group, extra)
     if group != "cost_models":
         return options
-    return [o for o in options if "_target_" in _option_config(group, o, extra)]
+    return [o for o in options if config_target(_option_config(group, o, extra))]
 
 
 def run(config: Mapping[str, Any], output_dir: Path,

@@ -101,7 +101,9 @@ ANALYTIC_TARGET = "layoutsearch.costs.analytic.AnalyticCostModel"
 """The `_target_` of a `cost_models/` file that holds analytic constants."""
 
 
-def _targets(config: object) -> str | None:
+def config_target(config: object) -> str | None:
+    """The cost-model class a `cost_models/` config names (`_target_`); None for a file that
+    is not a cost model (the Megatron-LM settings beside them)."""
     return config.get("_target_") if isinstance(config, dict) else None
 
 
@@ -117,7 +119,7 @@ def constants_path(name_or_path: str | Path, target: str | None = None) -> Path:
     if not candidate.is_file():
         # Cost models name their class; the Megatron-LM settings file beside them does not.
         names = [p.stem for p in sorted(config_dir("cost_models").glob("*.yaml"))
-                 if (found := _targets(yaml.safe_load(p.read_text())))
+                 if (found := config_target(yaml.safe_load(p.read_text())))
                  and (target is None or found == target)]
         kind = "analytic constants" if target == ANALYTIC_TARGET else "cost model"
         raise LayoutSearchError(unknown_name_message(kind, str(name_or_path), names))
@@ -139,7 +141,7 @@ def load_constants(name_or_path: str | Path = "analytic") -> dict[str, AnalyticC
     path = constants_path(name_or_path, target=ANALYTIC_TARGET)
     with path.open() as handle:
         config = yaml.safe_load(handle) or {}
-    target = _targets(config)
+    target = config_target(config)
     if target not in (None, ANALYTIC_TARGET):
         raise LayoutSearchError(
             f"{path}: holds a {target.rsplit('.', 1)[-1]} config, not analytic constants; "
