@@ -48,14 +48,37 @@ def _num_micro_batches(t: Frame) -> pd.Series:
     return t["global_batch_size"] // per_step
 
 
+def _softmax_batches_per_block(t: Frame) -> pd.Series:
+    # get_batch_per_block in Megatron's scaled_masked_softmax.h: a block is 128 threads,
+    # 4 warps of 32 lanes, and a warp takes 2 rows where sk rounds up to <= 128, else 1.
+    s = t["seq_length"] // t["cp"]
+    return s.where(s > 128, 8).where(s <= 128, 4)
+
+
 def _fused_softmax_unavailable(t: Frame) -> np.ndarray:
     # Megatron's FusedScaleMaskSoftmax.is_kernel_available: 16 < sk <= 4096, sq and sk
     # multiples of 4, and (micro-batch x heads per TP rank) a multiple of the kernel's
-    # batches per block, which is 4 for sk > 128 (scaled_upper_triang_masked_softmax.h).
+    # batches per block.
     s = t["seq_length"] // t["cp"]
     attn_batches = t["micro_batch_size"] * (t["num_attention_heads"] // t["tp"])
-    ok = (s > 16) & (s <= 4096) & (s % 4 == 0) & (attn_batches % 4 == 0)
+    ok = ((s > 16) & (s <= 4096) & (s % 4 == 0)
+          & (attn_batches % _softmax_batches_per_block(t) == 0))
     return ((t["attention"] == "fused") & ~ok).to_numpy()
+
+
+FUSED_SOFTMAX_SHAPE = Rule(
+    "fused_softmax_shape",
+    _fused_softmax_unavailable,
+    lambda t: "fused softmax kernel unavailable: needs 16 < seq_length/cp ("
+    + _text(t["seq_length"] // t["cp"]) + ") <= 4096, a multiple of 4, and "
+    "micro_batch_size·heads/tp ("
+    + _text(t["micro_batch_size"] * (t["num_attention_heads"] // t["tp"]))
+    + ") divisible by " + _text(_softmax_batches_per_block(t)),
+    ('seq_length', 'cp', 'micro_batch_size', 'num_attention_heads', 'tp'),
+)
+"""Where Megatron-LM's fused softmax kernel takes the attention scores; elsewhere its
+FusedScaleMaskSoftmax silently runs PyTorch's softmax, so a `fused` layout would measure
+`torch` attention."""
 
 
 def _flash_head_dim_limit(t: Frame) -> pd.Series:
@@ -169,15 +192,7 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
             + ") to divide by pp (" + _text(t["pp"]) + ")",
             ('global_batch_size', 'micro_batch_size', 'dp', 'pp'),
         ),
-        Rule(
-            "fused_softmax_shape",
-            _fused_softmax_unavailable,
-            lambda t: "fused softmax kernel unavailable: needs 16 < seq_length/cp ("
-            + _text(t["seq_length"] // t["cp"]) + ") <= 4096 and micro_batch_size·heads/tp ("
-            + _text(t["micro_batch_size"] * (t["num_attention_heads"] // t["tp"]))
-            + ") divisible by 4",
-            ('seq_length', 'cp', 'micro_batch_size', 'num_attention_heads', 'tp'),
-        ),
+        FUSED_SOFTMAX_SHAPE,
         Rule(
             "flash_head_dim",
             lambda t: (_head_dim(t) > _flash_head_dim_limit(t)).to_numpy(),

@@ -40,6 +40,11 @@ CASES: list[tuple[str, str | ModelSpec, dict[str, Any], str, dict[str, Any]]] = 
     ("fused_softmax_shape", "llama_30b", {"tp": 4, "micro_batch_size": 1, "attention": "fused"},
      "micro_batch_size·heads/tp (13) divisible by 4",
      {"tp": 4, "micro_batch_size": 4, "attention": "fused"}),
+    # Where sk <= 128 a warp of the kernel takes two rows: 8 rows per block, not 4.
+    ("fused_softmax_short_sequence", "llama_13b",
+     {"seq_length": 128, "tp": 2, "attention": "fused"},
+     "micro_batch_size·heads/tp (20) divisible by 8",
+     {"seq_length": 128, "tp": 2, "micro_batch_size": 2, "attention": "fused"}),
     ("fused_softmax_long_sequence", "llama_13b", {"seq_length": 8192, "attention": "fused"},
      "needs 16 < seq_length/cp (8192) <= 4096", {"seq_length": 4096, "attention": "fused"}),
     ("flash3_needs_hopper", "llama_13b", {"attention": "flash3"},

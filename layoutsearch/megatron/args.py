@@ -24,6 +24,7 @@ from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.megatron.settings import MegatronSettings
 from layoutsearch.pipeline import stage_layers
+from layoutsearch.rules import FUSED_SOFTMAX_SHAPE
 from layoutsearch.specs import COMMAND_FIELDS, ClusterSpec, Job, ModelSpec
 
 NULL_TOKENIZER_EOD = 1
@@ -219,6 +220,18 @@ def _kernel_args(layout: Layout, model: ModelSpec,
     return argv, env, notes
 
 
+def _fused_softmax_fallback(layout: Layout, job: Job) -> list[str]:
+    """The caveat of a `fused` layout whose shape the kernel does not take (search drops
+    those rows; a caller building a command for one directly is told what would run)."""
+    if layout.attention != "fused":
+        return []
+    row = pd.DataFrame([{**job.columns(), **layout.to_dict()}])
+    if not FUSED_SOFTMAX_SHAPE.violated(row)[0]:
+        return []
+    return [f"{FUSED_SOFTMAX_SHAPE.explain(row).iloc[0]}: Megatron-LM's FusedScaleMaskSoftmax "
+            "runs PyTorch's softmax instead, so the run would measure torch attention"]
+
+
 def build_command(layout: Layout, job: Job,
                   settings: MegatronSettings | None = None) -> MegatronCommand:
     """The `pretrain_gpt.py` argv and environment that train `job` with `layout`."""
@@ -237,6 +250,7 @@ def build_command(layout: Layout, job: Job,
             f"{layout.pp * layout.vp}; --num-layers-per-virtual-pipeline-stage cannot say it"
         )
     kernels, env, notes = _kernel_args(layout, model)
+    notes += _fused_softmax_fallback(layout, job)
     if layout.attention == "flash2" and job.cluster.gpu.supports_flash3:
         # One command for both kernels (FLASH_KERNELS): measure it once, as flash3.
         notes.append(

@@ -372,3 +372,19 @@ def test_sequence_parallel_at_tp1_is_a_warning_not_an_error():
     assert [(p.rule, p.severity) for p in problems] == [("sequence_parallel_needs_tp", "warning")]
     assert "--sequence-parallel" not in build_command(
         study_layout(64, 1, 1, sequence_parallel=True), study_job("llama_13b", 2048, 64)).argv
+
+
+@pytest.mark.parametrize(("seq", "tp", "why", "fix"), [
+    (8192, 1, "seq_length/cp (8192) <= 4096", {"attention": "flash2"}),
+    (128, 2, "micro_batch_size·heads/tp (20) divisible by 8", {"micro_batch_size": 2}),
+])
+def test_a_fused_layout_the_kernel_does_not_take_is_not_exact(seq, tp, why, fix):
+    # Megatron-LM's FusedScaleMaskSoftmax runs PyTorch's softmax for such a shape: the
+    # command would measure torch attention, and says so.
+    job = study_job("llama_13b", seq, 64)
+    asked = dict(attention="fused", rmsnorm_kernel=False)
+    command = build_command(study_layout(64, tp, 1, **asked), job)
+    assert not command.exact
+    assert any(why in note and "torch attention" in note for note in command.notes)
+    fixed = build_command(study_layout(64, tp, 1, **{**asked, **fix}), job)
+    assert not any("torch attention" in note for note in fixed.notes)
