@@ -14,7 +14,7 @@ import pandas as pd
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.megatron import with_megatron_args
 from layoutsearch.reporting.explain import component_name, label, time_columns, why_rejected
-from layoutsearch.reporting.plots import save_figures
+from layoutsearch.reporting.plots import BREAKDOWN, MFU_VS_MEMORY, TP_PP_HEATMAP, save_figures
 from layoutsearch.reporting.study_rules import StudyCheck, check_study_rules
 from layoutsearch.results import NOTED_FOR, counts_line, notes_key
 from layoutsearch.specs import Job
@@ -103,8 +103,8 @@ def _best_section(best: pd.Series, paths: dict[str, Path], command: str) -> list
               for v, c in parts if v > 0]
     if shares:
         lines += ["Share of the step: " + ", ".join(shares) + ".", ""]
-    if "breakdown" in paths:
-        lines += [f"![time and memory breakdown]({paths['breakdown'].name})", ""]
+    if BREAKDOWN in paths:
+        lines += [f"![time and memory breakdown]({paths[BREAKDOWN].name})", ""]
     return lines
 
 
@@ -152,8 +152,8 @@ def write_report(ranked: pd.DataFrame, out_dir: Path, *, top_k: int = TOP_K) -> 
                 "megatron_settings"))["megatron_args"].iloc[0]
         lines += _best_section(best, paths, str(command))
     lines += ["## Every candidate", "",
-              f"![MFU against peak memory]({paths['mfu_vs_memory'].name})", "",
-              f"![best MFU per tp and pp]({paths['tp_pp_heatmap'].name})", ""]
+              f"![MFU against peak memory]({paths[MFU_VS_MEMORY].name})", "",
+              f"![best MFU per tp and pp]({paths[TP_PP_HEATMAP].name})", ""]
     if check is not None:
         lines += ["## Why the main alternatives lost", "",
                   *[f"- {line}" for line in why_rejected(ranked)], ""]

@@ -138,6 +138,7 @@ def tp_pp_heatmap(ranked: pd.DataFrame) -> Figure:
 
 FIGURE_NAMES = ("mfu_vs_memory", "tp_pp_heatmap", "breakdown")
 """The report's figures, each saved as `<name>.png` beside report.md."""
+MFU_VS_MEMORY, TP_PP_HEATMAP, BREAKDOWN = FIGURE_NAMES
 
 
 def save_figures(ranked: pd.DataFrame, out_dir: Path, *, gpu_memory_gib: float,
@@ -146,11 +147,11 @@ def save_figures(ranked: pd.DataFrame, out_dir: Path, *, gpu_memory_gib: float,
     """Write the report's PNGs into `out_dir` (`<name>.png`, names from FIGURE_NAMES);
     returns figure name -> path."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = {"mfu_vs_memory": mfu_memory_figure(ranked, gpu_memory_gib=gpu_memory_gib,
-                                                  marks=marks),
-               "tp_pp_heatmap": tp_pp_heatmap(ranked)}
+    figures = {MFU_VS_MEMORY: mfu_memory_figure(ranked, gpu_memory_gib=gpu_memory_gib,
+                                                marks=marks),
+               TP_PP_HEATMAP: tp_pp_heatmap(ranked)}
     if bars:  # a cost model without breakdown columns, or nothing fits: no bars to stack
-        figures["breakdown"] = breakdown_figure(bars, gpu_memory_gib=gpu_memory_gib)
+        figures[BREAKDOWN] = breakdown_figure(bars, gpu_memory_gib=gpu_memory_gib)
     paths = {}
     for name, figure in figures.items():
         paths[name] = out_dir / f"{name}.png"
