@@ -92,12 +92,9 @@ def memory_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     stored_per_layer = np.where(full, layer_input, kept)
     # With full recomputation one layer's whole working set is rebuilt during its backward.
     working_layer = np.where(full, kept, 0.0)
-    # Interleaving adds (pp-1)/(pp·vp) to the micro-batches in flight (Korthikanti §4.2.3).
-    interleave = np.where(sh.vp > 1, 1 + (sh.pp - 1) / (sh.pp * sh.vp), 1.0)
     exists = sh.stage_layers > 0
     activations = np.where(
-        exists, sh.stage_layers * sh.stage_in_flight * stored_per_layer * interleave
-        + working_layer, 0.0)
+        exists, sh.stage_layers * sh.stage_in_flight * stored_per_layer + working_layer, 0.0)
     # Logits at the loss, on the last stage: bf16 output, fp32 upcast, softmax and gradient
     # coexist (`logit_bytes` per value). Megatron's vocabulary-parallel cross entropy keeps
     # 1/tp of the vocabulary per rank; a loss over gathered logits (`logits_sharded_by_tp`

@@ -104,8 +104,9 @@ class Shapes:
     """Shape (3, rows): layers of the first, a middle and the last pipeline stage
     (`pipeline.stage_split`); 0 where a stage does not exist (pp = 1 is one "last" stage)."""
     stage_in_flight: Array
-    """Shape (3, rows): micro-batches each of those stages holds under 1F1B: min(pp, m) on
-    the first, min(pp-1, m) on the second, one on the last (Narayanan et al. 2021)."""
+    """Shape (3, rows): micro-batches of its layers each of those stages holds under 1F1B:
+    min(pp, m) on the first, min(pp-1, m) on the second, one on the last (Narayanan et al.
+    2021); with vp interleaved chunks, Megatron's warm-up counts in chunks over vp."""
     stage_params: Array
     """Shape (3, rows): parameters on one GPU of each of those stages (layers and the
     vocabulary matrices of the end stages, split over tp)."""
@@ -154,10 +155,17 @@ class Shapes:
             np.where(single, 0, first), np.where(pp > 2, middle, 0), last,
         ]).astype(np.float64)
         micro_batches = global_batch / (mb * dp)
-        stage_in_flight = np.stack([
-            np.minimum(pp, micro_batches), np.minimum(pp - 1, micro_batches),
-            np.ones_like(pp),
-        ])
+        vp = _floats(table, "vp")
+        # Pipeline ranks of the three stages: the first, the second (the middle stage that
+        # holds the most) and the last.
+        rank = np.stack([np.zeros_like(pp), np.ones_like(pp), pp - 1])
+        # 1F1B: rank r runs pp-r-1 warm-up forwards and holds one more in steady state.
+        # Interleaved 1F1B (Megatron's forward_backward_pipelining_with_interleaving):
+        # (pp-r-1)·2 + (vp-1)·pp warm-up forwards of model chunks, each 1/vp of the stage's
+        # layers, capped at the m·vp chunks of the step; on the first stage that is
+        # Korthikanti's pp·(1 + (pp-1)/(pp·vp)) micro-batches (§4.2.3).
+        chunks = np.minimum((pp - rank - 1) * 2 + (vp - 1) * pp + 1, micro_batches * vp)
+        stage_in_flight = np.where(vp > 1, chunks / vp, np.minimum(pp - rank, micro_batches))
         # Each end stage holds one vocabulary matrix (input embedding or output layer); a
         # single stage of an untied model holds both. Megatron keeps a copy of a tied
         # embedding on the last stage, so with pp > 1 each end stage holds one either way.

@@ -115,6 +115,19 @@ def test_first_stage_holds_pp_micro_batches_in_flight() -> None:
     assert four_stages["memory_logits_gib"] == 0.0  # the peak is on the first stage here
 
 
+def test_interleaved_stages_hold_megatrons_warm_up_chunks() -> None:
+    # Megatron's interleaved schedule: rank r warms up (pp-r-1)·2 + (vp-1)·pp model chunks
+    # and holds one more; a chunk is 1/vp of the stage. pp=4, vp=2, 16 micro-batches:
+    # first (6+4+1)/2 = 5.5 (Korthikanti's 4·(1 + 3/8)), second (4+4+1)/2 = 4.5,
+    # last (0+4+1)/2 = 2.5 micro-batches of the stage's layers.
+    sh = shapes(model="llama_13b", num_gpus=64, tp=2, pp=4, vp=2, global_batch_size=128)
+    assert sh.micro_batches[0] == 16
+    assert sh.stage_in_flight[:, 0].tolist() == [5.5, 4.5, 2.5]
+    # Few micro-batches cap the warm-up at the step's m·vp chunks: 4 micro-batches, 8 chunks.
+    few = shapes(model="llama_13b", num_gpus=64, tp=2, pp=4, vp=2, global_batch_size=32)
+    assert few.stage_in_flight[:, 0].tolist() == [4.0, 4.0, 2.5]
+
+
 def test_headroom_is_memory_left_and_negative_when_over() -> None:
     rows = score(micro_batch_size=[1, 8], tp=1)
     np.testing.assert_allclose(rows["headroom_gib"], 80 - rows["peak_memory_gib"])
