@@ -53,9 +53,9 @@ ATTENTION_KERNELS = {"torch": 6.0, "fused": 3.0, "flash1": 1.0, "flash2": 1.0, "
 UNFUSED_NORM_EXTRA_KERNELS = 6.0
 BACKWARD_TRAFFIC = 2.0
 BACKWARD_FLOPS = 2.0  # dgrad and wgrad GEMMs are each as large as the forward GEMM
-# Adam on the local shard: read the gradient, read and write fp32 master, m and v (24),
-# write the bf16 weight (2).
-OPTIMIZER_TRAFFIC = 26.0
+# Adam on the local shard, besides reading the gradient (`gradient_bytes`): read and write
+# fp32 master, m and v (24), write the bf16 weight (2).
+OPTIMIZER_STATE_TRAFFIC = 26.0
 
 
 def _bus_bandwidth(sh: Shapes, k: Mapping[str, Array], size: Array, stride: Array) -> Array:
@@ -230,7 +230,7 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
         overlap, np.maximum(gather_s - forward_window, gather_s * last_chunk), gather_s)
     dp_comm = k["dp_comm_exposed"] * (exposed_gradient_s + exposed_gather_s)
     shard = P / np.where(sh.distributed_optimizer, d, 1.0)
-    optimizer = OPTIMIZER_TRAFFIC * shard / bandwidth
+    optimizer = (OPTIMIZER_STATE_TRAFFIC + k["gradient_bytes"]) * shard / bandwidth
 
     parts = {name: m * stage_layers * value for name, value in per_layer.items()}
     return {

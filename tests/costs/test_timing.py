@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.costs.builders import score
+from layoutsearch.costs.constants import load_constants
+from tests.costs.builders import score, shapes
 
 # A tiny vocabulary makes the output layer negligible, so every stage does the same work.
 EVEN = dict(model_fields={"vocab_size": 128}, num_gpus=64)
@@ -130,3 +131,15 @@ def test_overlap_leaves_the_last_chunk_exposed() -> None:
                  overlap_grad_reduce=[False, True]).set_index("overlap_grad_reduce")
     assert rows.loc[True, "time_dp_comm_s"] == pytest.approx(
         rows.loc[False, "time_dp_comm_s"] / 40)
+
+
+def test_optimizer_step_streams_the_shard_with_its_gradient() -> None:
+    # Adam over the distributed optimizer's shard (dp 32): read the gradient (2 bytes here),
+    # read and write fp32 master, m and v (24), write the bf16 weight (2), at HBM speed.
+    row = score(tp=2).iloc[0]
+    sh = shapes(tp=2)
+    k = load_constants("analytic")["a100_80gb"]
+    assert k.gradient_bytes == 2.0
+    bandwidth = sh.memory_bandwidth[0] * k.memory_bandwidth_efficiency
+    expected = (2 + 24 + 2) * sh.params_per_gpu[0] / 32 / bandwidth
+    assert row["time_optimizer_s"] == pytest.approx(expected, rel=1e-12)
