@@ -11,6 +11,7 @@ reported once, by field name, before any search starts.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -42,8 +43,10 @@ def _require_bool(owner: str, name: str, value: Any) -> None:
 
 
 def _require_positive_number(owner: str, name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) > 0:
-        raise LayoutSearchError(f"{owner}.{name}={value!r}: must be a positive number")
+    # `inf` passes `> 0` and prices every layout at MFU 0 or lets every layout fit.
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not 0 < float(value) < math.inf):
+        raise LayoutSearchError(f"{owner}.{name}={value!r}: must be a finite positive number")
 
 
 Spec = TypeVar("Spec", "ModelSpec", "ClusterSpec")
@@ -221,6 +224,7 @@ class GPUSpec:
         owner = f"gpu {self.name!r}"
         for name in ("peak_tflops", "memory_gib", "memory_bandwidth_gbps"):
             _require_positive_number(owner, name, getattr(self, name))
+        _require_bool(owner, "supports_flash3", self.supports_flash3)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 import pytest
 
@@ -93,7 +96,7 @@ def test_model_rejects_bad_shapes() -> None:
         _tiny(num_layers=0)
     with pytest.raises(LayoutSearchError, match=r"rotary_base=1000000.0: must be a positive"):
         _tiny(rotary_base=1e6)
-    with pytest.raises(LayoutSearchError, match=r"rope_scaling_factor=0: must be a positive"):
+    with pytest.raises(LayoutSearchError, match=r"rope_scaling_factor=0: must be a finite positive"):
         _tiny(rope_scaling_factor=0)
     with pytest.raises(LayoutSearchError, match=r"rope_scaling_factor=8.0: scales RoPE, but "
                        r"position_embedding_type is 'learned_absolute'"):
@@ -172,3 +175,15 @@ def test_unset_command_fields_stay_out_of_the_job_columns() -> None:
     scaled = Job(model=load_model("llama3_405b"), cluster=cluster, num_gpus=1024,
                  seq_length=8192, global_batch_size=1024).columns()
     assert scaled["rope_scaling_factor"] == 8.0
+
+
+@pytest.mark.parametrize(("field", "value", "rule"), [
+    ("supports_flash3", "no", "must be true or false"),  # a truthy string
+    ("supports_flash3", 1, "must be true or false"),
+    ("peak_tflops", math.inf, "must be a finite positive number"),  # every MFU 0
+    ("memory_gib", float("1e400"), "must be a finite positive number"),  # every layout fits
+])
+def test_gpu_fields_name_the_field_value_and_rule(field: str, value: object, rule: str) -> None:
+    gpu = load_cluster("a100_80gb").gpu
+    with pytest.raises(LayoutSearchError, match=f"gpu 'a100_80gb'.{field}=.*: {rule}"):
+        dataclasses.replace(gpu, **{field: value})
