@@ -261,7 +261,7 @@ def predict(
     else:
         raise LayoutSearchError(f"predict: frame={frame!r} must be a pandas DataFrame or the "
                                 "path of a CSV or Parquet file of measurement rows")
-    clusters = dict(clusters or clusters_by_gpu())
+    clusters = clusters_by_gpu() if clusters is None else _checked_clusters(clusters)
     rows = validate_measurements(frame, source=source, gpus=clusters)
     rule_reason = violations(rows, clusters)
     scored = build_cost_model(cost_model).score(rows, clusters)
@@ -273,3 +273,15 @@ def predict(
     out["predicted_fits"] = fits.to_numpy()
     out["predicted_reason"] = rule_reason.where(rule_reason != "", scored["cost_reason"]).to_numpy()
     return out
+
+
+def _checked_clusters(clusters: Any) -> dict[str, ClusterSpec]:
+    """predict()'s `clusters`: the GPU name of the rows' `gpu` column -> the ClusterSpec to
+    price them on."""
+    expected = "a mapping of GPU names to ClusterSpecs, e.g. {'a100_80gb': load_cluster(...)}"
+    if not isinstance(clusters, Mapping) or not clusters:
+        raise _wrong_type("predict: clusters", clusters, expected)
+    for gpu, cluster in clusters.items():
+        if not isinstance(gpu, str) or not isinstance(cluster, ClusterSpec):
+            raise _wrong_type(f"predict: clusters[{gpu!r}]", cluster, expected)
+    return dict(clusters)

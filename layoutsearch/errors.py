@@ -36,9 +36,11 @@ def closest_names(name: str, valid: Iterable[str]) -> list[str]:
     return [by_lower[close[0]]] if close else []
 
 
-def unknown_name_message(kind: str, name: str, valid: Iterable[str]) -> str:
+def unknown_name_message(kind: str, name: object, valid: Iterable[str]) -> str:
     """'unknown model 'llama13b'; did you mean 'llama_13b'? valid: ...'."""
     choices = sorted(valid)
+    if not isinstance(name, str):  # None or a number where a name belongs
+        return f"{kind} {name!r} is not a name; valid {kind} names: {', '.join(choices)}"
     close = closest_names(name, choices)
     if len(close) == 1:
         hint = f" did you mean {close[0]!r}?"

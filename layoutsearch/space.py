@@ -120,9 +120,9 @@ class SearchSpace:
     @classmethod
     def load(cls, name: str) -> SearchSpace:
         """A space of the `search_spaces/` config group by name."""
-        path = config_dir("search_spaces") / f"{name}.yaml"
-        if not path.is_file():
+        if not isinstance(name, str) or name not in space_names():
             raise LayoutSearchError(unknown_name_message("search space", name, space_names()))
+        path = config_dir("search_spaces") / f"{name}.yaml"
         with path.open() as handle:
             return cls.from_dict(yaml.safe_load(handle) or {}, name=name)
 

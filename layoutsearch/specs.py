@@ -28,12 +28,34 @@ COMMAND_FIELDS = ("add_bias_linear", "position_embedding_type", "max_position_em
 ride along in candidate tables so that a command built from a row trains the same model."""
 
 
+LARGEST_SIZE = 2**53
+"""The largest size a spec or a measurement may hold: every integer up to it is exact as a
+float (a CSV cell such as 1e+20 reads as one), and the int64 columns of candidate tables hold
+it without wrapping around (num_gpus=10**30 would overflow them deep inside a search)."""
+
+
 def _require_positive_int(owner: str, name: str, value: Any) -> None:
     # numbers.Integral also admits numpy integers, e.g. a value taken from a DataFrame.
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+    if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+            or not 0 < int(value) <= LARGEST_SIZE):
         raise LayoutSearchError(
-            f"{owner}.{name}={value!r}: must be a positive integer"
+            f"{owner}.{name}={value!r}: must be a positive integer of at most 2**53"
         )
+
+
+def _require_name(kind: str, value: Any) -> None:
+    # The name labels reports and measurement files and keys clusters by GPU kind: None or
+    # a number would fail later, inside a sort or a lookup, with no word of which field.
+    if not isinstance(value, str) or not value.strip():
+        raise LayoutSearchError(f"{kind}.name={value!r}: must be a non-empty string")
+
+
+def _require_spec(owner: str, name: str, value: Any, cls: type, hint: str) -> None:
+    # A catalog name where a spec belongs ('a100_80gb' for a GPUSpec) has none of its
+    # fields; say how to get the spec rather than fail on a missing attribute later.
+    if not isinstance(value, cls):
+        raise LayoutSearchError(
+            f"{owner}.{name}={value!r}: must be a {cls.__name__}; {hint}")
 
 
 def _require_bool(owner: str, name: str, value: Any) -> None:
@@ -103,6 +125,7 @@ class ModelSpec:
     None for plain RoPE. Like the base, it changes no FLOP or byte."""
 
     def __post_init__(self) -> None:
+        _require_name("model", self.name)
         owner = f"model {self.name!r}"
         for name in ("num_layers", "hidden_size", "ffn_hidden_size",
                      "num_attention_heads", "vocab_size", "max_position_embeddings",
@@ -221,6 +244,7 @@ class GPUSpec:
     """FlashAttention 3 needs Hopper (sm90) instructions."""
 
     def __post_init__(self) -> None:
+        _require_name("gpu", self.name)
         owner = f"gpu {self.name!r}"
         for name in ("peak_tflops", "memory_gib", "memory_bandwidth_gbps"):
             _require_positive_number(owner, name, getattr(self, name))
@@ -242,7 +266,12 @@ class ClusterSpec:
     """Network bandwidth per GPU and direction, GB/s (one 200 Gb/s HDR NIC per GPU: 25)."""
 
     def __post_init__(self) -> None:
+        _require_name("cluster", self.name)
         owner = f"cluster {self.name!r}"
+        _require_spec(owner, "gpu", self.gpu, GPUSpec,
+                      "take one from the catalog, load_cluster('a100_80gb').gpu, or build "
+                      "GPUSpec(name=..., peak_tflops=..., memory_gib=..., "
+                      "memory_bandwidth_gbps=...)")
         _require_positive_int(owner, "gpus_per_node", self.gpus_per_node)
         for name in ("intra_node_bandwidth_gbps", "inter_node_bandwidth_gbps"):
             _require_positive_number(owner, name, getattr(self, name))
@@ -266,6 +295,10 @@ class Job:
     """Sequences per optimizer step."""
 
     def __post_init__(self) -> None:
+        _require_spec("job", "model", self.model, ModelSpec,
+                      "load one from the catalog, load_model('llama_13b')")
+        _require_spec("job", "cluster", self.cluster, ClusterSpec,
+                      "load one from the catalog, load_cluster('a100_80gb')")
         for name in ("num_gpus", "seq_length", "global_batch_size"):
             _require_positive_int("job", name, getattr(self, name))
         per_node = self.cluster.gpus_per_node

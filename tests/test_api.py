@@ -221,6 +221,12 @@ def test_job_sizes_must_be_positive_integers(field: str, value: object) -> None:
     raises_user_error(rf"job\.{field}={value!r}: must be a positive integer", **{field: value})
 
 
+def test_a_size_beyond_2_53_is_refused_before_the_search() -> None:
+    # It overflowed the candidate table's int64 columns deep inside pandas.
+    raises_user_error(r"job\.num_gpus=10{30}: must be a positive integer of at most 2\*\*53",
+                      num_gpus=10**30)
+
+
 def test_gpus_must_fill_whole_nodes() -> None:
     raises_user_error(r"job\.num_gpus=12: must be a whole number of nodes of 8 GPUs.*try 8 or 16",
                       num_gpus=12)
@@ -314,6 +320,19 @@ def test_predict_names_row_and_column_of_a_bad_value(measured: pd.DataFrame) -> 
         predict(measured)
     with pytest.raises(LayoutSearchError, match=r"measurement file '/no/such.csv' does not exist"):
         predict("/no/such.csv")
+
+
+@pytest.mark.parametrize(("clusters", "named"), [
+    (["a100_80gb"], r"clusters=\['a100_80gb'\]"),
+    ({"a100_80gb": "a100_80gb"}, r"clusters\['a100_80gb'\]='a100_80gb'"),
+    ({}, r"clusters=\{\}"),
+])
+def test_predict_clusters_must_map_gpu_names_to_cluster_specs(
+    measured: pd.DataFrame, clusters: Any, named: str
+) -> None:
+    with pytest.raises(LayoutSearchError, match=rf"predict: {named}: must be a mapping of GPU "
+                                                r"names to ClusterSpecs"):
+        predict(measured, clusters=clusters)
 
 
 def test_predict_unknown_gpu(measured: pd.DataFrame) -> None:

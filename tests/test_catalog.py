@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from layoutsearch.catalog import (
@@ -49,6 +51,19 @@ def test_unknown_names_list_valid_names_and_the_closest() -> None:
         load_cluster("tpu")
 
 
+@pytest.mark.parametrize("load", [load_model, load_cluster])
+@pytest.mark.parametrize("name", [None, 13, "../model/llama_13b"])
+def test_a_catalog_name_must_be_one_of_the_names(load: Any, name: object) -> None:
+    # None failed inside the name matcher; a path read another folder's file.
+    with pytest.raises(LayoutSearchError, match=r"valid (model|cluster) names: "):
+        load(name)
+
+
+def test_a_catalog_entry_can_be_renamed() -> None:
+    assert load_model("llama_13b", name="llama_13b_128k").name == "llama_13b_128k"
+    assert load_cluster("h100_sxm", name="eos").name == "eos"
+
+
 def test_overrides_change_fields_and_are_validated() -> None:
     assert load_model("llama_13b", vocab_size=128000).vocab_size == 128000
     assert load_model("llama_13b").vocab_size == 32000  # the cached YAML is not mutated
@@ -63,6 +78,10 @@ def test_definitions_from_dicts_name_their_mistakes() -> None:
         model_from_dict({"name": "m", "layers": 2})
     with pytest.raises(LayoutSearchError, match=r"model definition .*missing .*'hidden_size'"):
         model_from_dict({"name": "m", "num_layers": 2})
+    for build, kind in ((model_from_dict, "model"), (cluster_from_dict, "cluster")):
+        with pytest.raises(LayoutSearchError, match=rf"{kind} definition \['num_layers'\]: "
+                                                    "must be a mapping of field names"):
+            build(["num_layers"])  # a YAML file written as a list
     with pytest.raises(LayoutSearchError, match=r"needs a 'gpu' mapping"):
         cluster_from_dict({"name": "c", "intra_node_bandwidth_gbps": 1,
                            "inter_node_bandwidth_gbps": 1})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -96,7 +97,8 @@ def test_model_rejects_bad_shapes() -> None:
         _tiny(num_layers=0)
     with pytest.raises(LayoutSearchError, match=r"rotary_base=1000000.0: must be a positive"):
         _tiny(rotary_base=1e6)
-    with pytest.raises(LayoutSearchError, match=r"rope_scaling_factor=0: must be a finite positive"):
+    with pytest.raises(LayoutSearchError,
+                       match=r"rope_scaling_factor=0: must be a finite positive"):
         _tiny(rope_scaling_factor=0)
     with pytest.raises(LayoutSearchError, match=r"rope_scaling_factor=8.0: scales RoPE, but "
                        r"position_embedding_type is 'learned_absolute'"):
@@ -187,3 +189,32 @@ def test_gpu_fields_name_the_field_value_and_rule(field: str, value: object, rul
     gpu = load_cluster("a100_80gb").gpu
     with pytest.raises(LayoutSearchError, match=f"gpu 'a100_80gb'.{field}=.*: {rule}"):
         dataclasses.replace(gpu, **{field: value})
+
+
+@pytest.mark.parametrize("spec", ["model", "gpu", "cluster"])
+@pytest.mark.parametrize("name", [None, 123, "", "  "])
+def test_a_spec_is_named_by_a_non_empty_string(spec: str, name: object) -> None:
+    # None got through as "job: None"; a number failed inside a sort of the GPU names.
+    cluster = load_cluster("a100_80gb")
+    specs = {"model": load_model("llama_13b"), "gpu": cluster.gpu, "cluster": cluster}
+    with pytest.raises(LayoutSearchError, match=rf"{spec}\.name={name!r}: must be a non-empty "
+                                                "string"):
+        dataclasses.replace(specs[spec], name=name)
+
+
+def test_a_cluster_needs_a_gpu_spec_not_its_name() -> None:
+    # The string was accepted and failed in the search, on a missing attribute.
+    with pytest.raises(LayoutSearchError, match=r"cluster 'a100_80gb'\.gpu='h100_sxm': must be "
+                                                r"a GPUSpec; .*load_cluster\('a100_80gb'\)\.gpu"):
+        load_cluster("a100_80gb", gpu="h100_sxm")
+
+
+@pytest.mark.parametrize(("field", "value", "hint"), [
+    ("model", "llama_13b", r"load_model\('llama_13b'\)"),
+    ("cluster", "a100_80gb", r"load_cluster\('a100_80gb'\)"),
+])
+def test_a_job_needs_specs_not_names(field: str, value: str, hint: str) -> None:
+    parts: dict[str, Any] = {"model": _tiny(), "cluster": load_cluster("a100_80gb")}
+    parts[field] = value
+    with pytest.raises(LayoutSearchError, match=rf"job\.{field}='{value}': must be a .*{hint}"):
+        Job(**parts, num_gpus=8, seq_length=2048, global_batch_size=64)

@@ -39,8 +39,12 @@ def _read(path: Path) -> dict[str, Any]:
         return dict(yaml.safe_load(handle))
 
 
-def _construct(cls: type, kind: str, fields: Mapping[str, Any]) -> Any:
+def _construct(cls: type, kind: str, fields: Any) -> Any:
     valid = [f.name for f in dataclasses.fields(cls)]
+    if not isinstance(fields, Mapping):  # e.g. a YAML file written as a list of fields
+        raise LayoutSearchError(
+            f"{kind} definition {fields!r}: must be a mapping of field names to values "
+            f"(fields: {', '.join(valid)})")
     unknown = [k for k in fields if k not in valid]
     if unknown:
         name = fields.get("name", "")
@@ -55,11 +59,15 @@ def _construct(cls: type, kind: str, fields: Mapping[str, Any]) -> Any:
 
 def model_from_dict(fields: Mapping[str, Any]) -> ModelSpec:
     """A ModelSpec from YAML/Hydra fields (keys as in `catalog/model/*.yaml`)."""
-    return _construct(ModelSpec, "model", {k: v for k, v in fields.items() if k != "_target_"})
+    if isinstance(fields, Mapping):
+        fields = {k: v for k, v in fields.items() if k != "_target_"}
+    return _construct(ModelSpec, "model", fields)
 
 
 def cluster_from_dict(fields: Mapping[str, Any]) -> ClusterSpec:
     """A ClusterSpec from YAML/Hydra fields; `gpu` is a nested mapping."""
+    if not isinstance(fields, Mapping):
+        return _construct(ClusterSpec, "cluster", fields)  # says it must be a mapping
     fields = dict(fields)
     gpu = fields.pop("gpu", None)
     if not isinstance(gpu, Mapping):
@@ -67,21 +75,24 @@ def cluster_from_dict(fields: Mapping[str, Any]) -> ClusterSpec:
     return _construct(ClusterSpec, "cluster", {**fields, "gpu": _construct(GPUSpec, "gpu", gpu)})
 
 
-def load_model(name: str, **overrides: Any) -> ModelSpec:
+def _catalog_file(kind: str, name: Any, folder: Path, names: list[str]) -> Path:
+    # Membership, not a path test: a name is a name ('../cluster/h200' is none), and None
+    # or a number gets the list of valid names rather than a failure inside the matcher.
+    if not isinstance(name, str) or name not in names:
+        raise LayoutSearchError(unknown_name_message(kind, name, names))
+    return folder / f"{name}.yaml"
+
+
+def load_model(name: str, /, **overrides: Any) -> ModelSpec:
     """A catalog model by name, with any field overridden (`vocab_size=128000`)."""
-    path = MODEL_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise LayoutSearchError(unknown_name_message("model", name, model_names()))
-    model = model_from_dict(_read(path))
+    model = model_from_dict(_read(_catalog_file("model", name, MODEL_DIR, model_names())))
     return model.replace(**overrides) if overrides else model
 
 
-def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
+def load_cluster(name: str, /, **overrides: Any) -> ClusterSpec:
     """A catalog cluster by name (named after its GPU kind, e.g. `h100_sxm`)."""
-    path = CLUSTER_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise LayoutSearchError(unknown_name_message("cluster", name, cluster_names()))
-    cluster = cluster_from_dict(_read(path))
+    cluster = cluster_from_dict(
+        _read(_catalog_file("cluster", name, CLUSTER_DIR, cluster_names())))
     return cluster.replace(**overrides) if overrides else cluster
 
 
