@@ -20,7 +20,7 @@ import pandas as pd
 
 from layoutsearch.errors import LayoutSearchError, closest_names, unknown_name_message
 from layoutsearch.layout import ATTENTION_KERNELS, LAYOUT_COLUMNS, RECOMPUTE_KINDS
-from layoutsearch.specs import NORMALIZATIONS
+from layoutsearch.specs import LARGEST_SIZE, NORMALIZATIONS
 
 INTEGER_COLUMNS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -142,14 +142,14 @@ def _as_bool_cell(value: object) -> bool | None:
     return _TRUE.get(str(value).strip().lower())
 
 
-LARGEST_INT = 2**53
-"""The largest size a measurement may hold: every integer up to it is exact as a float (a
-CSV cell such as 1e+20 reads as one), and int64 holds it without wrapping around."""
-
-
 def _as_int(frame: pd.DataFrame, column: str, source: str, rows: Sequence[str]) -> pd.Series:
     numbers = pd.to_numeric(frame[column], errors="coerce")
-    bad = numbers.isna() | (numbers % 1 != 0) | (numbers <= 0) | (numbers > LARGEST_INT)
+    # pandas takes True as 1: a flag in a size column (tp=True) is a column mix-up, not tp 1.
+    values = frame[column]
+    flags = (values.map(lambda value: isinstance(value, bool | np.bool_)).astype(bool)
+             if values.dtype in (bool, object) else False)  # numeric columns hold no flag
+    bad = (numbers.isna() | (numbers % 1 != 0) | (numbers <= 0) | (numbers > LARGEST_SIZE)
+           | flags)
     if bad.any():
         i = _first(bad)
         raise _fail(source, rows[i], column, f"{_shown(frame[column].iloc[i])} is not a "
@@ -161,8 +161,11 @@ def validate_measurements(frame: pd.DataFrame, source: str = "measurements",
                           gpus: Collection[str] | None = None) -> pd.DataFrame:
     """A checked, typed copy of a measurement-schema frame with optional columns filled.
 
-    `gpus`, when given, are the GPU kinds a row may name (those a cost model can price).
+    `gpus`, when given, are the GPU kinds a row may name (those a cost model can price);
+    one name alone is taken as one kind, not as its letters.
     """
+    if isinstance(gpus, str):
+        gpus = [gpus]
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         hints = "".join(f"; column {column!r} looks like {' or '.join(close)}"
@@ -276,8 +279,12 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 def parse_csv(path: Path, **options: Any) -> pd.DataFrame:
     """A CSV file parsed as every reader of measurement files parses it (pandas drops a UTF-8
     byte-order mark and skips blank lines): a header or cell written "a, b", a space after
-    each comma, reads as "b", not " b", which would name no column of the schema."""
-    return pd.read_csv(path, skipinitialspace=True, **options)
+    each comma, reads as "b", not " b", which would name no column of the schema.
+
+    index_col=False: a file whose data lines end with a comma (one empty cell more than the
+    header) would otherwise have its first column taken as the index and every other value
+    shifted one column left; read_table refuses a line whose extra cells are not empty."""
+    return pd.read_csv(path, skipinitialspace=True, index_col=False, **options)
 
 
 def is_parquet(path: str | Path) -> bool:
@@ -293,6 +300,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
     if not path.is_file():
         raise LayoutSearchError(f"measurement file {str(path)!r} does not exist")
     parquet = is_parquet(path)
+    lines = [] if parquet else _record_lines(path)  # refuses a line longer than the header
     try:
         # low_memory=False: types from the whole column, not per chunk of a long file.
         table = pd.read_parquet(path) if parquet else parse_csv(
@@ -309,33 +317,55 @@ def read_table(path: str | Path) -> pd.DataFrame:
             f"measurement file {str(path)!r} cannot be read as {kind} "
             f"({type(error).__name__}: {error})"
         ) from None
-    if not parquet:
-        lines = _record_lines(path)
-        if len(lines) == len(table):  # else the rows are named by position, as read
-            _keep_lines(table, lines)
-    if not parquet and len(table.columns) == 1:
-        header = str(table.columns[0])
-        other = next((name for mark, name in OTHER_DELIMITERS.items() if mark in header), None)
-        if other:
-            raise LayoutSearchError(
-                f"measurement file {str(path)!r} is separated by {other}, not commas (its "
-                f"header reads {header[:60]!r}...): save it as comma-separated CSV with "
-                "decimal points (pandas: to_csv(path, index=False))")
+    if len(lines) == len(table):  # else (Parquet) the rows are named by position, as read
+        _keep_lines(table, lines)
     return table
 
 
 def _record_lines(path: Path) -> list[int]:
     """The line each data record of a CSV file starts on, read as pandas reads it: blank
-    lines are skipped and a quoted cell may span lines, so the line is not the position + 2."""
+    lines are skipped and a quoted cell may span lines, so the line is not the position + 2.
+
+    A record with more cells than the header is refused, naming its line, unless the extra
+    cells are empty (a comma ending the line): pandas would drop them, or shift the columns."""
     starts: list[int] = []
+    header: list[str] | None = None
     with path.open(newline="", encoding="utf-8", errors="replace") as file:
         reader = csv.reader(file, skipinitialspace=True)
         end = 0
-        for record in reader:
-            if len(record) > 1 or (record and record[0].strip()):
-                starts.append(end + 1)
-            end = reader.line_num
-    return starts[1:]  # the first record is the header
+        try:
+            for record in reader:
+                if len(record) > 1 or (record and record[0].strip()):
+                    if header is None:
+                        header = record
+                        _refuse_other_delimiters(path, header)
+                    else:
+                        starts.append(end + 1)
+                        _refuse_extra_cells(path, end + 1, header, record)
+                end = reader.line_num
+        except csv.Error as error:  # e.g. a cell over the csv module's 128 KiB field limit
+            raise LayoutSearchError(f"measurement file {str(path)!r} cannot be read as CSV "
+                                    f"(line {end + 1}: {error})") from None
+    return starts
+
+
+def _refuse_other_delimiters(path: Path, header: list[str]) -> None:
+    other = next((name for mark, name in OTHER_DELIMITERS.items() if mark in header[0]), None)
+    if len(header) == 1 and other:
+        raise LayoutSearchError(
+            f"measurement file {str(path)!r} is separated by {other}, not commas (its "
+            f"header reads {header[0][:60]!r}...): save it as comma-separated CSV with "
+            "decimal points (pandas: to_csv(path, index=False))")
+
+
+def _refuse_extra_cells(path: Path, line: int, header: list[str], record: list[str]) -> None:
+    extra = [cell for cell in record[len(header):] if cell.strip()]
+    if extra:
+        raise LayoutSearchError(
+            f"measurement file {str(path)!r}: line {line} has {len(record)} cells, the "
+            f"header has {len(header)} (after its last column {header[-1]!r} the line "
+            f"holds {', '.join(map(repr, extra[:3]))}): a cell has an unquoted comma or the "
+            "header lacks a column; quote the cell or name the column")
 
 
 def read_measurements(path: str | Path, gpus: Collection[str] | None = None) -> pd.DataFrame:

@@ -231,6 +231,54 @@ def test_a_file_separated_otherwise_than_by_commas_says_so(
         read_measurements(path)
 
 
+def test_data_lines_ending_with_a_comma_keep_their_columns(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    # One empty cell more than the header on every line: pandas took the first column as
+    # the index and shifted every value one column left ('model' held 40, the layers).
+    path = write(tmp_path, three_rows(measurement_row))
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], *(line + "," for line in lines[1:])]) + "\n")
+    runs = read_measurements(path)
+    assert list(runs["model"]) == ["llama_13b"] * 3
+    assert list(runs["tp"]) == [2, 2, 4]
+
+
+def test_a_line_with_more_cells_than_the_header_is_named(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    path = write(tmp_path, three_rows(measurement_row))
+    lines = path.read_text().splitlines()
+    lines[1] += ",0.61"  # a value the header has no column for: dropped, or the rows shifted
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(LayoutSearchError, match=r"line 2 has 26 cells, the header has 25 "
+                                                r"\(after its last column 'mfu' the line holds "
+                                                r"'0.61'\)"):
+        read_measurements(path)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_a_flag_in_a_size_column_is_not_taken_as_a_number(
+    measurement_row: dict[str, Any], value: bool
+) -> None:
+    # pandas reads True as 1: tp=True would have been a layout of tp 1.
+    frame = pd.DataFrame(three_rows(measurement_row)).astype({"tp": object})
+    frame.loc[1, "tp"] = value
+    with pytest.raises(LayoutSearchError, match=rf"index 1, column 'tp': {value} is not a "
+                                                r"positive integer"):
+        validate_measurements(frame, source="frame")
+
+
+def test_one_gpu_name_is_one_kind_not_its_letters(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    path = write(tmp_path, three_rows(measurement_row))
+    assert len(read_measurements(path, gpus="a100_80gb")) == 3
+    with pytest.raises(LayoutSearchError, match=r"unknown gpu 'a100_80gb'; valid gpu names: "
+                                                r"h100_sxm$"):
+        read_measurements(path, gpus="h100_sxm")
+
+
 def test_ok_run_needs_a_step_time(measurement_row: dict[str, Any]) -> None:
     frame = pd.DataFrame([{**measurement_row, "step_time_s": None}])
     with pytest.raises(LayoutSearchError, match=r"my runs: index 0, column 'step_time_s': an "
