@@ -240,11 +240,27 @@ def test_cli_refuses_an_out_it_cannot_or_must_not_write_before_fitting(tmp_path,
     (tmp_path / "afile").write_text("kept\n")
     for out, message in ((path, "is the measurement file"),
                          (tmp_path / "afile" / "x.yaml", "afile is a file, not a folder"),
-                         (f"{tmp_path}/new/", "is a folder")):
+                         (f"{tmp_path}/new/", "is a folder"),
+                         # cost_model= reads YAML alone; a .csv may be another measurement file
+                         (tmp_path / "other.csv", "must end in .yaml or .yml"),
+                         (tmp_path / "fit.txt", "must end in .yaml or .yml")):
         with pytest.raises(SystemExit) as stop:
             main([str(path), "--out", str(out), "--no-cv"])
         assert stop.value.code == 2 and message in capsys.readouterr().err
     assert pd.read_csv(path).shape[0] > 0 and (tmp_path / "afile").read_text() == "kept\n"
+    assert not (tmp_path / "other.csv").exists() and not (tmp_path / "fit.txt").exists()
+
+
+@pytest.mark.parametrize("free", [",", "", " , "])
+def test_cli_free_that_names_no_constant_is_refused_not_taken_as_the_default(
+        tmp_path, capsys, free):
+    path = tmp_path / "runs.csv"
+    synthetic_runs(PRIOR["a100_80gb"]).to_csv(path, index=False)
+    with pytest.raises(SystemExit) as stop:
+        main([str(path), "--out", str(tmp_path / "x.yaml"), "--no-cv", "--free", free])
+    assert stop.value.code == 2
+    assert f"--free {free!r}: names no constant" in capsys.readouterr().err
+    assert not (tmp_path / "x.yaml").exists()
 
 
 def test_cli_keeps_the_fit_when_out_cannot_be_written(tmp_path, capsys, monkeypatch):

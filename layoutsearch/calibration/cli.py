@@ -29,7 +29,7 @@ import yaml
 from layoutsearch.calibration.fit import FIDELITY_COLUMNS, cross_validate, fit_constants, scored
 from layoutsearch.calibration.memory import GRID
 from layoutsearch.catalog import clusters_by_gpu
-from layoutsearch.costs.constants import AnalyticConstants, load_constants
+from layoutsearch.costs.constants import CONSTANTS_SUFFIXES, AnalyticConstants, load_constants
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.fidelity import GROUP_COLUMNS
 from layoutsearch.measurements import read_measurements
@@ -113,7 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = _unwritable(args.out, args.measurements)
     if problem:
         parser.error(f"--out {args.out}: {problem}")  # before the fit, not after it
-    free = [n.strip() for n in args.free.split(",") if n.strip()] if args.free else None
+    free = None if args.free is None else [n.strip() for n in args.free.split(",") if n.strip()]
+    if free == []:  # not the default set: that is --free left out
+        parser.error(f"--free {args.free!r}: names no constant; leave --free out to fit those "
+                     "that move a predicted step time, or name them separated by commas")
     settings: dict[str, Any] = {"max_evals": args.max_evals, "memory_grid": args.memory_grid,
                                 "fit_memory_constants": not args.keep_memory}
     clusters = clusters_by_gpu()
@@ -220,6 +223,10 @@ def _unwritable_path(path: Path, out: str, measurements: str) -> str | None:
         return "is a folder; name the YAML file to write"
     if path.exists() and path.resolve() == Path(measurements).resolve():
         return "is the measurement file; name another file for the fitted constants"
+    if path.suffix not in CONSTANTS_SUFFIXES:
+        # cost_model= reads only YAML; a .csv name would overwrite a measurement file.
+        return (f"must end in {' or '.join(CONSTANTS_SUFFIXES)}: the fitted constants are a "
+                f"cost_models/ YAML file (e.g. {path.with_suffix('.yaml').name})")
     folder = path.parent
     while not folder.exists():  # the folders still to be made
         folder = folder.parent
@@ -235,8 +242,8 @@ def _how_to_use(path: Path) -> str:
     --config-dir (the folder holding `cost_models/`), Python takes the path."""
     path = path.resolve()
     python = f'layoutsearch.search(..., cost_model="{path}")'
-    if path.parent.name != "cost_models":
-        return (f"use it from Python: {python}; for the CLI, put it in a folder named "
-                f"cost_models and pass that folder's parent with --config-dir")
+    if path.parent.name != "cost_models" or path.suffix != ".yaml":  # Hydra reads .yaml
+        return (f"use it from Python: {python}; for the CLI, save it as {path.stem}.yaml in a "
+                "folder named cost_models and pass that folder's parent with --config-dir")
     return (f"use it: layoutsearch --config-dir {shlex.quote(str(path.parent.parent))} "
             f"cost_models={path.stem} ..., or from Python: {python}")

@@ -107,11 +107,15 @@ def config_target(config: object) -> str | None:
     return config.get("_target_") if isinstance(config, dict) else None
 
 
+CONSTANTS_SUFFIXES = (".yaml", ".yml")
+"""How the name of a cost-model file ends: anything else is taken as a config name."""
+
+
 def constants_path(name_or_path: str | Path, target: str | None = None) -> Path:
     """A cost-model config by group name (`analytic`) or by file path; an unknown name lists
     the cost models (those of `target` only, when given)."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml"):
+    if path.suffix in CONSTANTS_SUFFIXES:
         if not path.is_file():
             raise LayoutSearchError(f"cost-model constants file {str(path)!r} does not exist")
         return path
