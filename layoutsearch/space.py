@@ -104,8 +104,17 @@ class SearchSpace:
 
     @classmethod
     def from_dict(cls, fields: Mapping[str, Any], name: str = "custom") -> SearchSpace:
+        if not isinstance(fields, Mapping):
+            raise LayoutSearchError(f"search space {name!r} is {fields!r}: it must map knobs "
+                                    f"to their values; knobs: {', '.join(KNOBS)}")
         values: dict[str, Any] = {}
         name = str(fields.get("name", name))
+        if not set(fields) - {"name", "_target_"}:
+            # An empty file or mapping is more likely a mistake than a wish for the class
+            # defaults, which no report would then name.
+            raise LayoutSearchError(
+                f"search space {name!r} sets no knob; name a space ({', '.join(space_names())})"
+                f" or give values for some of the knobs {', '.join(KNOBS)}")
         for knob, raw in fields.items():
             if knob in ("name", "_target_"):
                 continue

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -88,6 +90,17 @@ def test_pin_restricts_knobs(job: Job) -> None:
 )
 def test_bad_space_values_are_named(fields: dict[str, object], expected: str) -> None:
     with pytest.raises(LayoutSearchError, match=expected):
+        SearchSpace.from_dict(fields)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({}, r"search space 'custom' sets no knob; name a space \(default, paper\)"),
+    ({"name": "mine"}, r"search space 'mine' sets no knob"),
+    (None, r"search space 'custom' is None: it must map knobs to their values"),
+])
+def test_a_space_that_sets_no_knob_is_refused(fields: Any, message: str) -> None:
+    # {} ran every default value as a space named 'custom'; None failed on a missing .get.
+    with pytest.raises(LayoutSearchError, match=message):
         SearchSpace.from_dict(fields)
 
 

@@ -216,6 +216,12 @@ class MeasuredCostModel:
             raise LayoutSearchError(
                 f"measured.retry={retry!r}: must be a list of the statuses to launch again, "
                 f"of {', '.join(RETRIABLE)} (e.g. [error, timeout])")
+        if not isinstance(measurements, str | Path) or not str(measurements).strip():
+            # null is no way to measure without a file: a killed search would start over.
+            raise LayoutSearchError(
+                f"measured.measurements={measurements!r}: must be the path of the measurement "
+                "file each run is appended to (CSV, or Parquet by its suffix; the default "
+                "is measurements.csv)")
         self.retry = tuple(retry)
         """Statuses whose recorded layouts are launched again (a fixed flake, a longer
         time limit); the new row is appended and, being the last, is the one read."""
@@ -255,8 +261,9 @@ class MeasuredCostModel:
 
             prescreen = build_cost_model(config["prescreen"])
         retry = config.get("retry") or ()
-        return cls(settings=settings, measurements=config.get("measurements") or
-                   "measurements.csv", prescreen=prescreen, top_k=config.get("top_k"),
+        return cls(settings=settings,
+                   measurements=config.get("measurements", "measurements.csv"),
+                   prescreen=prescreen, top_k=config.get("top_k"),
                    retry=[retry] if isinstance(retry, str) else list(retry))
 
     def _prescreened(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],

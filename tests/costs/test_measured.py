@@ -459,10 +459,15 @@ def test_retry_launches_the_recorded_failures_again(tmp_path):
 @pytest.mark.parametrize("setting, value, rule", [
     ("retry", ["eror"], r"measured.retry=\['eror'\]: must be a list of the statuses"),
     ("top_k", 2.5, r"measured.top_k=2.5: must be a positive integer"),
+    # null fell back to measurements.csv in the working folder, unsaid.
+    ("measurements", None, r"measured.measurements=None: must be the path of the "
+                           r"measurement file"),
+    ("measurements", "", r"measured.measurements='': must be the path"),
 ])
 def test_measured_settings_name_their_rule(tmp_path, setting, value, rule):
+    settings = {"measurements": str(tmp_path / "m.csv"), setting: value}
     with pytest.raises(layoutsearch.LayoutSearchError, match=rule):
-        build_cost_model("measured", measurements=str(tmp_path / "m.csv"), **{setting: value})
+        build_cost_model("measured", **settings)
 
 
 @pytest.mark.parametrize("driver", ["grid", {"name": "optuna", "n_trials": 2,
