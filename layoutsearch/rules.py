@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -48,32 +49,37 @@ def _num_micro_batches(t: Frame) -> pd.Series:
     return t["global_batch_size"] // per_step
 
 
-def _softmax_batches_per_block(t: Frame) -> pd.Series:
+def _softmax_batches_per_block(seq_per_rank: Any) -> Any:
     # get_batch_per_block in Megatron's scaled_masked_softmax.h: a block is 128 threads,
     # 4 warps of 32 lanes, and a warp takes 2 rows where sk rounds up to <= 128, else 1.
-    s = t["seq_length"] // t["cp"]
-    return s.where(s > 128, 8).where(s <= 128, 4)
+    return np.where(seq_per_rank <= 128, 8, 4)
 
 
-def _fused_softmax_unavailable(t: Frame) -> np.ndarray:
-    # Megatron's FusedScaleMaskSoftmax.is_kernel_available: 16 < sk <= 4096, sq and sk
-    # multiples of 4, and (micro-batch x heads per TP rank) a multiple of the kernel's
-    # batches per block.
-    s = t["seq_length"] // t["cp"]
-    attn_batches = t["micro_batch_size"] * (t["num_attention_heads"] // t["tp"])
-    ok = ((s > 16) & (s <= 4096) & (s % 4 == 0)
-          & (attn_batches % _softmax_batches_per_block(t) == 0))
-    return ((t["attention"] == "fused") & ~ok).to_numpy()
+def fused_softmax_takes(seq_per_rank: Any, attention_batches: Any) -> Any:
+    """Megatron's FusedScaleMaskSoftmax.is_kernel_available: 16 < sk <= 4096, sq and sk
+    multiples of 4, and (micro-batch x heads per TP rank) a multiple of the kernel's batches
+    per block. Per row for columns, one numpy bool for plain integers (a single command is
+    checked without building a table: ~3 ms each, 1,000 per search)."""
+    return ((seq_per_rank > 16) & (seq_per_rank <= 4096) & (seq_per_rank % 4 == 0)
+            & (attention_batches % _softmax_batches_per_block(seq_per_rank) == 0))
+
+
+def _seq_per_rank(t: Frame) -> pd.Series:
+    return t["seq_length"] // t["cp"]
+
+
+def _attention_batches(t: Frame) -> pd.Series:
+    return t["micro_batch_size"] * (t["num_attention_heads"] // t["tp"])
 
 
 FUSED_SOFTMAX_SHAPE = Rule(
     "fused_softmax_shape",
-    _fused_softmax_unavailable,
+    lambda t: ((t["attention"] == "fused")
+               & ~fused_softmax_takes(_seq_per_rank(t), _attention_batches(t))).to_numpy(),
     lambda t: "fused softmax kernel unavailable: needs 16 < seq_length/cp ("
-    + _text(t["seq_length"] // t["cp"]) + ") <= 4096, a multiple of 4, and "
-    "micro_batch_size·heads/tp ("
-    + _text(t["micro_batch_size"] * (t["num_attention_heads"] // t["tp"]))
-    + ") divisible by " + _text(_softmax_batches_per_block(t)),
+    + _text(_seq_per_rank(t)) + ") <= 4096, a multiple of 4, and "
+    "micro_batch_size·heads/tp (" + _text(_attention_batches(t)) + ") divisible by "
+    + _text(pd.Series(_softmax_batches_per_block(_seq_per_rank(t)), index=t.index)),
     ('seq_length', 'cp', 'micro_batch_size', 'num_attention_heads', 'tp'),
 )
 """Where Megatron-LM's fused softmax kernel takes the attention scores; elsewhere its

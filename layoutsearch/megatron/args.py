@@ -24,7 +24,7 @@ from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.megatron.settings import MegatronSettings
 from layoutsearch.pipeline import stage_layers
-from layoutsearch.rules import FUSED_SOFTMAX_SHAPE
+from layoutsearch.rules import FUSED_SOFTMAX_SHAPE, fused_softmax_takes
 from layoutsearch.specs import COMMAND_FIELDS, ClusterSpec, Job, ModelSpec
 
 NULL_TOKENIZER_EOD = 1
@@ -223,11 +223,11 @@ def _kernel_args(layout: Layout, model: ModelSpec,
 def _fused_softmax_fallback(layout: Layout, job: Job) -> list[str]:
     """The caveat of a `fused` layout whose shape the kernel does not take (search drops
     those rows; a caller building a command for one directly is told what would run)."""
-    if layout.attention != "fused":
+    if layout.attention != "fused" or fused_softmax_takes(
+            job.seq_length // layout.cp,
+            layout.micro_batch_size * (job.model.num_attention_heads // layout.tp)):
         return []
     row = pd.DataFrame([{**job.columns(), **layout.to_dict()}])
-    if not FUSED_SOFTMAX_SHAPE.violated(row)[0]:
-        return []
     return [f"{FUSED_SOFTMAX_SHAPE.explain(row).iloc[0]}: Megatron-LM's FusedScaleMaskSoftmax "
             "runs PyTorch's softmax instead, so the run would measure torch attention"]
 
