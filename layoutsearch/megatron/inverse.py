@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from layoutsearch.megatron.args import NULL_TOKENIZER_EOD
-from layoutsearch.megatron.validation import parse_argv
+from layoutsearch.megatron.validation import parse_known_argv
 
 
 def _attention(args: Any, env: Mapping[str, str], flash_kernel: str) -> str:
@@ -41,8 +41,10 @@ def _recompute(args: Any) -> str:
 def row_of_argv(argv: Sequence[str], *, env: Mapping[str, str], world_size: int,
                 gpu: str, gpus_per_node: int = 8, flash_kernel: str = "flash2",
                 ) -> dict[str, Any]:
-    """Measurement-schema columns (job and layout) of the run the argv starts."""
-    a = parse_argv(argv)
+    """Measurement-schema columns (job and layout) of the run the argv starts. Flags
+    layoutsearch does not define (a user's extra_args, e.g. --no-gradient-accumulation-fusion)
+    are passed over, as validate_argv passes them on unchecked."""
+    a, _ = parse_known_argv(argv)
     tp, pp, cp = (a.tensor_model_parallel_size, a.pipeline_model_parallel_size,
                   a.context_parallel_size)
     vstage = a.num_layers_per_virtual_pipeline_stage

@@ -470,6 +470,19 @@ def test_measured_settings_name_their_rule(tmp_path, setting, value, rule):
         build_cost_model("measured", **settings)
 
 
+def test_extra_args_layoutsearch_does_not_define_are_passed_on_and_measured(tmp_path):
+    # cost_models/megatron.yaml itself recommends --no-gradient-accumulation-fusion without
+    # Apex: reading a command back, the unknown flag failed the search with a traceback.
+    extra = ("--no-gradient-accumulation-fusion", "--seed", "7")
+    settings = fake_megatron_settings(tmp_path).replace(extra_args=extra)
+    model = MeasuredCostModel(settings=settings, measurements=tmp_path / "m.csv",
+                              prescreen=build_cost_model("analytic"), top_k=1)
+    ranked = layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert model.launched == 1 and ranked["fits"].sum() == 1
+    assert read_measurements(tmp_path / "m.csv")["status"].tolist() == ["ok"]
+    assert "--no-gradient-accumulation-fusion --seed 7" in ranked.loc[0, "megatron_args"]
+
+
 @pytest.mark.parametrize("driver", ["grid", {"name": "optuna", "n_trials": 2,
                                                "progress": False}])
 def test_extra_args_that_break_every_command_stop_the_search(tmp_path, driver):
