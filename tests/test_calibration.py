@@ -239,7 +239,7 @@ def test_cli_refuses_an_out_it_cannot_or_must_not_write_before_fitting(tmp_path,
     synthetic_runs(PRIOR["a100_80gb"]).to_csv(path, index=False)
     (tmp_path / "afile").write_text("kept\n")
     for out, message in ((path, "is the measurement file"),
-                         (tmp_path / "afile" / "x.yaml", "afile is a file, not a folder"),
+                         (tmp_path / "afile" / "x.yaml", "afile, which is a file, not a folder"),
                          (f"{tmp_path}/new/", "is a folder"),
                          # cost_model= reads YAML alone; a .csv may be another measurement file
                          (tmp_path / "other.csv", "must end in .yaml or .yml"),

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import os
 import shlex
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from layoutsearch.costs.constants import CONSTANTS_SUFFIXES, AnalyticConstants, 
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.fidelity import GROUP_COLUMNS
 from layoutsearch.measurements import read_measurements
+from layoutsearch.paths import unwritable_file
 
 SUMMARY = ("fit_accuracy", "min_spearman", "max_regret_points", "top3_hits", "mape")
 
@@ -211,30 +211,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _unwritable(out: str, measurements: str) -> str | None:
-    """Why a YAML file cannot be written at `out` (None: it can), checked before the fit."""
-    try:
-        return _unwritable_path(Path(out), out, measurements)
-    except OSError as error:  # a name the file system refuses (too long, say)
-        return f"cannot be used ({error.strerror or error})"
-
-
-def _unwritable_path(path: Path, out: str, measurements: str) -> str | None:
-    if out.endswith(("/", "\\")) or path.is_dir():
-        return "is a folder; name the YAML file to write"
-    if path.exists() and path.resolve() == Path(measurements).resolve():
+    """Why the fitted constants cannot be written at `out` (None: they can), checked
+    before the fit."""
+    problem = unwritable_file(out)
+    if problem:
+        return problem
+    path = Path(out)
+    if path.is_file() and path.resolve() == Path(measurements).resolve():
         return "is the measurement file; name another file for the fitted constants"
-    if path.suffix not in CONSTANTS_SUFFIXES:
-        # cost_model= reads only YAML; a .csv name would overwrite a measurement file.
-        return (f"must end in {' or '.join(CONSTANTS_SUFFIXES)}: the fitted constants are a "
-                f"cost_models/ YAML file (e.g. {path.with_suffix('.yaml').name})")
-    folder = path.parent
-    while not folder.exists():  # the folders still to be made
-        folder = folder.parent
-    if not folder.is_dir():
-        return f"{folder} is a file, not a folder"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"the folder {folder} is not writable"
-    return None
+    if path.suffix in CONSTANTS_SUFFIXES:
+        return None
+    # cost_model= reads only YAML; a .csv name would overwrite a measurement file.
+    return (f"must end in {' or '.join(CONSTANTS_SUFFIXES)}: the fitted constants are a "
+            f"cost_models/ YAML file (e.g. {path.with_suffix('.yaml').name})")
 
 
 def _how_to_use(path: Path) -> str:

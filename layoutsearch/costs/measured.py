@@ -48,6 +48,7 @@ from layoutsearch.megatron.launchers import Launcher, Trial, build_launcher
 from layoutsearch.megatron.logs import LogResult, parse_log
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.megatron.validation import Problem, validate_argv
+from layoutsearch.paths import unwritable_file
 from layoutsearch.specs import ClusterSpec
 
 FILE_COLUMNS = (
@@ -368,6 +369,13 @@ class MeasuredCostModel:
         predicted step time (s), when there is one, sizes the trial's time limit."""
         command = command_of_row(row, clusters, self.settings)
         name = _trial_name(row)
+        unwritable = unwritable_file(self.file.path)
+        if unwritable:
+            # Checked before each launch, not after: a finished run must have a place to go.
+            raise LayoutSearchError(
+                f"cost_models=measured cannot record a run: the measurement file "
+                f"{str(self.file.path)!r} {unwritable}. Nothing was launched for {name}; "
+                "set cost_models.measurements to a CSV or Parquet file that can be written")
         problem = self.launcher.preflight(command)
         if problem:
             # A setup problem holds for every layout of the search: stop, record nothing.

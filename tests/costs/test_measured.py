@@ -470,6 +470,24 @@ def test_measured_settings_name_their_rule(tmp_path, setting, value, rule):
         build_cost_model("measured", **settings)
 
 
+@pytest.mark.parametrize("where", ["folder", "under_a_file"])
+def test_a_measurement_file_that_cannot_be_written_stops_before_any_launch(tmp_path, where):
+    # A folder given as the file: each run finished, then its row failed to append
+    # (IsADirectoryError), so the training run was lost.
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "afile").write_text("kept\n")
+    path = {"folder": tmp_path / "folder", "under_a_file": tmp_path / "afile" / "m.csv"}[where]
+    message = {"folder": "is a folder, not a file",
+               "under_a_file": "lies under .*afile, which is a file, not a folder"}[where]
+    model = MeasuredCostModel(settings=fake_megatron_settings(tmp_path), measurements=path,
+                              prescreen=build_cost_model("analytic"), top_k=2)
+    with pytest.raises(layoutsearch.LayoutSearchError,
+                       match=rf"cannot record a run: the measurement file .* {message}\. "
+                             r"Nothing was launched"):
+        layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert model.launched == 0 and launches(tmp_path) == []
+
+
 def test_extra_args_layoutsearch_does_not_define_are_passed_on_and_measured(tmp_path):
     # cost_models/megatron.yaml itself recommends --no-gradient-accumulation-fusion without
     # Apex: reading a command back, the unknown flag failed the search with a traceback.
