@@ -261,6 +261,13 @@ class MeasuredCostModel:
             from layoutsearch.costs import build_cost_model  # the registry imports this module
 
             prescreen = build_cost_model(config["prescreen"])
+            if isinstance(prescreen, MeasuredCostModel):
+                # A prescreen prices every candidate to pick top_k: as training runs, that
+                # is the whole grid.
+                raise LayoutSearchError(
+                    f"{source}: prescreen={config['prescreen']!r} is a measured cost model, "
+                    "which would launch every candidate to choose the top_k to launch; use "
+                    "analytic, a calibrated analytic file or a replay of measurements")
         retry = config.get("retry") or ()
         return cls(settings=settings,
                    measurements=config.get("measurements", "measurements.csv"),

@@ -470,6 +470,15 @@ def test_measured_settings_name_their_rule(tmp_path, setting, value, rule):
         build_cost_model("measured", **settings)
 
 
+def test_a_measured_prescreen_is_refused_it_would_launch_every_candidate(tmp_path):
+    with pytest.raises(layoutsearch.LayoutSearchError,
+                       match=r"prescreen='measured' is a measured cost model, which would "
+                             r"launch every candidate"):
+        build_cost_model("measured", measurements=str(tmp_path / "m.csv"),
+                         prescreen="measured", top_k=2)
+    assert launches(tmp_path) == []
+
+
 @pytest.mark.parametrize("where", ["folder", "under_a_file"])
 def test_a_measurement_file_that_cannot_be_written_stops_before_any_launch(tmp_path, where):
     # A folder given as the file: each run finished, then its row failed to append
