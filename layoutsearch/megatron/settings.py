@@ -10,6 +10,7 @@ user points layoutsearch at their own checkout and cluster without touching code
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -71,10 +72,26 @@ class MegatronSettings:
             raise LayoutSearchError(
                 f"megatron.launcher={self.launcher!r}: must be one of {', '.join(LAUNCHERS)}"
             )
-        for name in ("train_iters", "master_port"):
+        for name in ("megatron_path", "script", "python", "log_dir"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise LayoutSearchError(f"megatron.{name}={value!r}: must be a positive integer")
+            if not isinstance(value, str) or not value.strip():
+                raise LayoutSearchError(f"megatron.{name}={value!r}: must be a non-empty "
+                                        "string (a path or a command name)")
+        for name in ("train_iters", "master_port", "warmup_iters"):
+            value = getattr(self, name)
+            least = 0 if name == "warmup_iters" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                kind = "an integer >= 0" if least == 0 else "a positive integer"
+                raise LayoutSearchError(f"megatron.{name}={value!r}: must be {kind}")
+        if (isinstance(self.lr, bool) or not isinstance(self.lr, int | float)
+                or not 0 < self.lr < math.inf):
+            # Megatron-LM refuses --min-lr above --lr: every layout would be rejected.
+            raise LayoutSearchError(f"megatron.lr={self.lr!r}: must be a positive number")
+        if self.grad_reduce_in_bf16 is not None and not isinstance(self.grad_reduce_in_bf16,
+                                                                   bool):
+            # A string such as "false" is truthy: it would emit --grad-reduce-in-bf16.
+            raise LayoutSearchError(f"megatron.grad_reduce_in_bf16={self.grad_reduce_in_bf16!r}"
+                                    ": must be true, false or null")
         if not 0 <= self.warmup_iters < self.train_iters:
             raise LayoutSearchError(
                 f"megatron.warmup_iters={self.warmup_iters!r}: must be >= 0 and below "
@@ -82,9 +99,10 @@ class MegatronSettings:
             )
         if self.timeout_s is not None and (
                 isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int | float)
-                or not self.timeout_s > 0):
+                or not 0 < self.timeout_s < math.inf):
             raise LayoutSearchError(
-                f"megatron.timeout_s={self.timeout_s!r}: must be a number of seconds > 0, or "
+                f"megatron.timeout_s={self.timeout_s!r}: must be a finite number of seconds > "
+                "0, or "
                 "null for 1800 s raised to the layout's predicted run")
         for name in self.env:
             if not ENV_NAME.fullmatch(name):
@@ -96,14 +114,25 @@ class MegatronSettings:
             check_submitit_values(self.slurm)
 
     @property
+    def checkout(self) -> Path:
+        """The Megatron-LM checkout as an absolute path, `~` expanded: the working directory
+        launchers start torchrun in (a process's cwd is taken literally, `~` and all)."""
+        return Path(self.megatron_path).expanduser().absolute()
+
+    @property
     def script_path(self) -> Path:
-        """The training script as an absolute path: launchers run it with the checkout as
-        their working directory, and a written script may be started from any folder."""
-        return Path(self.megatron_path).expanduser().absolute() / self.script
+        """The training script as an absolute path: a written script may be started from
+        any folder."""
+        return self.checkout / self.script
 
     def launch_prefix(self) -> list[str]:
-        """The torchrun command, before its own options."""
-        return list(self.torchrun) or [self.python, "-m", "torch.distributed.run"]
+        """The torchrun command, before its own options. A program named by a relative path
+        (`venv/bin/python`) is made absolute from this folder, where the preflight finds
+        it: torchrun starts in the checkout, where the same path would name nothing."""
+        prefix = list(self.torchrun) or [self.python, "-m", "torch.distributed.run"]
+        if "/" in prefix[0] or prefix[0].startswith("~"):
+            prefix[0] = str(Path(prefix[0]).expanduser().absolute())
+        return prefix
 
     def replace(self, **changes: Any) -> MegatronSettings:
         return dataclasses.replace(self, **_coerce(changes, "megatron settings"))
@@ -125,8 +154,13 @@ class MegatronSettings:
             path = config_dir("cost_models") / f"{name_or_path}.yaml"
         elif not path.is_file():
             raise LayoutSearchError(f"megatron={str(path)!r}: no such settings file")
-        with path.open() as handle:
-            return cls.from_dict(yaml.safe_load(handle) or {}, str(path))
+        try:
+            with path.open() as handle:
+                values = yaml.safe_load(handle) or {}
+        except yaml.YAMLError as error:
+            raise LayoutSearchError(f"megatron={str(path)!r} is not valid YAML: "
+                                    f"{' '.join(str(error).split())}") from None
+        return cls.from_dict(values, str(path))
 
 
 def settings_names() -> list[str]:
@@ -136,6 +170,9 @@ def settings_names() -> list[str]:
 
 
 def _coerce(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(values, Mapping):
+        raise LayoutSearchError(f"{where}: {values!r} must be a mapping of Megatron-LM "
+                                "settings (megatron_path: ..., python: ..., ...)")
     known = {f.name for f in dataclasses.fields(MegatronSettings)}
     unknown = set(values) - known - {"_target_"}
     knobs = sorted(unknown & set(KNOBS))
@@ -145,19 +182,52 @@ def _coerce(values: Mapping[str, Any], where: str) -> dict[str, Any]:
             f"in the search space (e.g. {knobs[0]}: [true]) or pin it ({knobs[0]}=...)")
     if unknown:
         raise LayoutSearchError(
-            f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; "
+            f"{where}: unknown setting(s) {', '.join(sorted(map(str, unknown)))}; "
             f"known: {', '.join(sorted(known))}"
         )
     out = {k: v for k, v in values.items() if k != "_target_"}
     for name in ("torchrun", "extra_args"):
         if name in out:
-            raw = out[name]
-            out[name] = (raw,) if isinstance(raw, str) else tuple(str(v) for v in raw or ())
-    for name in ("env", "slurm"):
-        if name in out:
-            out[name] = {str(k): (str(v) if name == "env" else v)
-                         for k, v in dict(out[name] or {}).items()}
+            out[name] = _arguments(f"{where}: {name}", out[name])
+    if "env" in out:
+        out["env"] = {str(k): _env_value(f"{where}: env.{k}", v)
+                      for k, v in _mapping(f"{where}: env", out["env"]).items()}
+    if "slurm" in out:
+        out["slurm"] = {str(k): v for k, v in _mapping(f"{where}: slurm", out["slurm"]).items()}
     return out
+
+
+def _arguments(where: str, raw: Any) -> tuple[str, ...]:
+    """A command's words from a list (numbers written as such in YAML are words too)."""
+    if raw is None:
+        return ()
+    if isinstance(raw, str) and len(raw.split()) <= 1:
+        return (raw,) if raw else ()
+    rule = (f"{where}={raw!r}: must be a list of words, one argument each "
+            "(e.g. [--seed, '1234']); quoting is layoutsearch's job")
+    if isinstance(raw, str | Mapping) or not isinstance(raw, list | tuple):
+        raise LayoutSearchError(rule)
+    for word in raw:
+        if isinstance(word, bool) or not isinstance(word, str | int | float):
+            raise LayoutSearchError(f"{rule}; {word!r} is not a word")
+    return tuple(str(word) for word in raw)
+
+
+def _mapping(where: str, raw: Any) -> Mapping[Any, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise LayoutSearchError(f"{where}={raw!r}: must be a mapping of names to values")
+    return raw
+
+
+def _env_value(where: str, value: Any) -> str:
+    # YAML reads `true` and `null` as a bool and None: exported as "True" and "None", which
+    # NCCL and CUDA do not read as 1 and unset.
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise LayoutSearchError(f"{where}={value!r}: must be a string or a number (quote "
+                                "flags as '1' or '0'; leave an unset variable out)")
+    return str(value)
 
 
 def resolve_settings(spec: str | Path | Mapping[str, Any] | MegatronSettings | None,

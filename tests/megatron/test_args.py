@@ -366,6 +366,51 @@ def test_environment_names_are_checked_before_they_reach_a_script():
         "NCCL_DEBUG": "INFO"}
 
 
+@pytest.mark.parametrize(("values", "message"), [
+    # Each of these changed the command without a word, or failed with a traceback.
+    ({"env": {"NCCL_IB_DISABLE": True}}, r"env.NCCL_IB_DISABLE=True: must be a string or a "
+                                          r"number \(quote flags as '1' or '0'"),
+    ({"env": {"NCCL_DEBUG": None}}, r"env.NCCL_DEBUG=None: must be a string or a number"),
+    ({"env": ["NCCL_DEBUG=INFO"]}, r"env=\['NCCL_DEBUG=INFO'\]: must be a mapping"),
+    ({"slurm": "gpu"}, r"slurm='gpu': must be a mapping"),
+    ({"extra_args": "--manual-gc --seed 7"}, r"extra_args='--manual-gc --seed 7': must be a "
+                                             r"list of words, one argument each"),
+    ({"extra_args": {"--seed": 1}}, r"extra_args=\{'--seed': 1\}: must be a list of words"),
+    ({"extra_args": 5}, r"extra_args=5: must be a list of words"),
+    ({"torchrun": "torchrun --standalone"}, r"torchrun='torchrun --standalone': must be a list"),
+    ({"grad_reduce_in_bf16": "false"}, r"grad_reduce_in_bf16='false': must be true, false or "
+                                       "null"),
+    ({"lr": -1.0e-4}, r"lr=-0.0001: must be a positive number"),
+    ({"lr": "fast"}, r"lr='fast': must be a positive number"),
+    ({"warmup_iters": "3"}, r"warmup_iters='3': must be an integer >= 0"),
+    ({"megatron_path": None}, r"megatron_path=None: must be a non-empty string"),
+    ({"python": 3.11}, r"python=3.11: must be a non-empty string"),
+    ({"script": None}, r"script=None: must be a non-empty string"),
+])
+def test_megatron_settings_of_the_wrong_type_name_the_setting(values, message):
+    with pytest.raises(LayoutSearchError, match=message):
+        MegatronSettings.from_dict(values)
+
+
+def test_megatron_settings_take_words_and_numbers_as_written_in_yaml():
+    settings = MegatronSettings.from_dict({"extra_args": ["--seed", 1234], "torchrun": "torchrun",
+                                           "env": {"NCCL_IB_TIMEOUT": 22}})
+    assert settings.extra_args == ("--seed", "1234") and settings.torchrun == ("torchrun",)
+    assert settings.env == {"NCCL_IB_TIMEOUT": "22"}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("megatron_path: [1\n", r"is not valid YAML"),
+    ("- 1\n- 2\n", r"\[1, 2\] must be a mapping of Megatron-LM settings"),
+    ("hello\n", r"'hello' must be a mapping of Megatron-LM settings"),
+])
+def test_a_broken_megatron_settings_file_is_named(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(LayoutSearchError, match=message):
+        MegatronSettings.load(path)
+
+
 def test_sequence_parallel_at_tp1_is_a_warning_not_an_error():
     command = build_command(study_layout(64, 1, 1), study_job("llama_13b", 2048, 64))
     problems = validate_argv([*command.argv, "--sequence-parallel"], env={}, world_size=64)

@@ -198,10 +198,11 @@ def test_explicit_timeout_s_is_the_limit_as_given():
                                "predicted run time 01:02:00") for line in lines)
 
 
-@pytest.mark.parametrize("value", [0, -5, True, "30 min"])
+@pytest.mark.parametrize("value", [0, -5, True, "30 min", float("inf")])
 def test_timeout_s_must_be_positive_seconds(value):
+    # inf overflowed the sbatch --time of a multi-node dry run.
     with pytest.raises(LayoutSearchError, match=rf"megatron.timeout_s={value!r}: must be a "
-                       "number of seconds > 0, or null"):
+                       "finite number of seconds > 0, or null"):
         MegatronSettings(timeout_s=value)
 
 
