@@ -140,7 +140,7 @@ class LocalLauncher:
             try:
                 # A session of its own, so that a timeout kills torchrun and every rank.
                 process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                           cwd=self.settings.megatron_path,
+                                           cwd=self.settings.checkout,
                                            start_new_session=True,
                                            preexec_fn=stop_with_parent())
             except OSError as error:
@@ -218,7 +218,7 @@ class SlurmLauncher:
             time_limit_s=trial_time_limit_s(self.settings, trial.step_time_s), name=trial.name))
         env = {**command.env, "MASTER_PORT": str(self.settings.master_port)}
         job = executor.submit(_run_node, torchrun_argv(command, self.settings), env,
-                              self.settings.megatron_path)
+                              str(self.settings.checkout))
         timed_out, returncode = False, None
         try:
             results = job.results()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -10,7 +14,7 @@ from layoutsearch.costs import build_cost_model
 from layoutsearch.layout import Layout
 from layoutsearch.megatron import LocalLauncher, Trial, build_command, parse_log
 from layoutsearch.specs import Job
-from layoutsearch.testing import check_cost_model, fake_megatron_settings
+from layoutsearch.testing import FAKE_MEGATRON_PATH, check_cost_model, fake_megatron_settings
 
 
 def test_fake_run_of_a_layout_that_does_not_fit_is_an_oom(tmp_path):
@@ -22,6 +26,26 @@ def test_fake_run_of_a_layout_that_does_not_fit_is_an_oom(tmp_path):
                                             log_path=tmp_path / "oom.log"))
     result = parse_log(log.text, returncode=log.returncode)
     assert result.status == "oom" and "torch.OutOfMemoryError" in result.message
+
+
+def test_a_local_launch_takes_a_checkout_under_home_and_a_program_by_relative_path(
+        tmp_path, monkeypatch):
+    # The preflight expanded '~' and found a relative program from this folder, but the
+    # process started in the literal '~/...' folder, where neither exists: every layout
+    # was "not measured" and the search ended "no layout fits".
+    monkeypatch.setenv("HOME", str(FAKE_MEGATRON_PATH.parent))
+    monkeypatch.chdir(tmp_path)
+    fake = fake_megatron_settings(tmp_path)
+    settings = fake.replace(megatron_path=f"~/{FAKE_MEGATRON_PATH.name}",
+                            torchrun=(os.path.relpath(sys.executable), *fake.torchrun[1:]))
+    job = Job(model=load_model("llama_7b"), cluster=load_cluster("a100_80gb"), num_gpus=8,
+              seq_length=2048, global_batch_size=64)
+    command = build_command(Layout(tp=1, dp=8, rmsnorm_kernel=True), job, settings)
+    launcher = LocalLauncher(settings)
+    assert launcher.preflight(command) is None
+    log = launcher.run(Trial(name="home", command=command, log_path=tmp_path / "home.log"))
+    assert log.ran and parse_log(log.text, returncode=log.returncode).status == "ok"
+    assert Path(settings.launch_prefix()[0]).is_absolute()
 
 
 def test_conformance_suite_passes_the_analytic_model_and_catches_a_broken_one():
