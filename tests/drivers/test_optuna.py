@@ -139,6 +139,32 @@ def test_a_cost_model_error_fails_one_trial_and_the_search_goes_on(tmp_path: Pat
     assert len(set(model.priced())) == len(model.priced())  # failures are not retried
 
 
+class BrokenSetup(CountingModel):
+    """Stops as a measured model does on a setup mistake, until it is fixed."""
+
+    broken = True
+
+    def score(self, candidates: pd.DataFrame,
+              clusters: Mapping[str, ClusterSpec]) -> pd.DataFrame:
+        if self.broken:
+            raise LayoutSearchError("cannot launch: megatron_path 'nowhere' does not exist")
+        return super().score(candidates, clusters)
+
+
+def test_a_setup_mistake_stops_the_study_and_a_rerun_after_the_fix_prices_the_layouts(
+        tmp_path: Path) -> None:
+    # Caught per trial, it was stored as the price of each layout sampled; the rerun after
+    # the fix reused those failures and priced nothing.
+    model = BrokenSetup(tmp_path / "priced.txt")
+    url = f"sqlite:///{tmp_path}/study.db"
+    with pytest.raises(LayoutSearchError, match=r"megatron_path 'nowhere' does not exist"):
+        OptunaDriver(n_trials=4, storage=url, progress=False).run(make_problem(model))
+    model.broken = False
+    ranked = OptunaDriver(n_trials=4, storage=url, progress=False).run(make_problem(model))
+    assert len(model.priced()) == 4 and ranked["fits"].any()
+    assert not ranked["reason"].str.contains("megatron_path").any()
+
+
 def test_warm_start_tries_the_analytic_top_k_first(counting: CountingModel) -> None:
     problem = make_problem(counting)
     grid = search(**JOB, search_space=problem.space)

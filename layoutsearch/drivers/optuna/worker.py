@@ -30,6 +30,7 @@ from layoutsearch.drivers.optuna.storage import (
     fail_dead_workers,
     open_storage,
 )
+from layoutsearch.errors import LayoutSearchError
 from layoutsearch.lifetime import end_with_parent
 from layoutsearch.problem import SearchProblem
 from layoutsearch.progress import Progress
@@ -140,7 +141,13 @@ class Worker:
                     trial = self.study.ask()
                     trial.set_user_attr("worker", self.worker)
                     with self.heartbeat(trial):
-                        state, values = self.answer(trial)
+                        try:
+                            state, values = self.answer(trial)
+                        except LayoutSearchError:
+                            # Stopped, not priced: failed without an "error", the trial is
+                            # no evaluation, so a rerun after the fix prices the layout.
+                            self.study.tell(trial, state=TrialState.FAIL)
+                            raise
                     self.study.tell(trial, values, state=state)
                 finally:
                     if self.budget is not None and self.evaluations == started:
@@ -235,6 +242,11 @@ class Worker:
         trial.set_user_attr("evaluated", True)
         try:
             scored = self.problem.evaluate(self.problem.candidates.iloc[[position]])
+        except LayoutSearchError:
+            # A setup mistake the cost model stops on (no Megatron-LM checkout, a measurement
+            # file that cannot be written) holds for every layout: the study stops, as a grid
+            # search does, instead of storing it as the price of each layout it samples.
+            raise
         except Exception as error:
             message = f"cost model error: {type(error).__name__}: {error}"
             trial.set_user_attr("error", message)
