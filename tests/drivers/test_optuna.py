@@ -324,6 +324,24 @@ def test_a_study_made_for_another_job_or_space_is_refused(tmp_path: Path,
         OptunaDriver(n_trials=3, storage=url, study_name="s", progress=False).run(on_smaller)
 
 
+@pytest.mark.parametrize("trials", [0, 2])
+def test_a_study_of_that_name_layoutsearch_did_not_make_is_refused(
+        tmp_path: Path, counting: CountingModel, trials: int) -> None:
+    # It was taken over: fingerprinted, filled with layouts, MFU maximized in a study that
+    # minimizes, where a rule-rejected layout's 0.0 is the best value.
+    url = f"sqlite:///{tmp_path}/study.db"
+    foreign = optuna.create_study(storage=url, study_name="foreign", direction="minimize")
+    for _ in range(trials):
+        foreign.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    with pytest.raises(LayoutSearchError, match=rf"study 'foreign' in .* was not made by "
+                                                rf"layoutsearch \({trials} trials, direction "
+                                                r"minimize, no layoutsearch fingerprint\)"):
+        OptunaDriver(n_trials=3, storage=url, study_name="foreign",
+                     progress=False).run(make_problem(counting))
+    assert counting.priced() == []
+    assert len(optuna.load_study(study_name="foreign", storage=url).trials) == trials
+
+
 def test_a_study_priced_by_other_constants_is_refused(tmp_path: Path) -> None:
     # Two analytic configs share the name "analytic"; their constants tell them apart.
     url = f"sqlite:///{tmp_path}/study.db"

@@ -180,6 +180,15 @@ class OptunaDriver:
                 f"({type(error).__name__}: {error})"
             ) from None
         stored = study.user_attrs.get(FINGERPRINT_ATTR)
+        wanted = [StudyDirection[d.upper()] for d in self.directions]
+        if stored is None and (study.trials or list(study.directions) != wanted):
+            # A study of that name made by someone else: its trials are not layouts, and an
+            # MFU maximized in a minimize study would take the worst layout for the best.
+            directions = ", ".join(d.name.lower() for d in study.directions)
+            raise LayoutSearchError(
+                f"study {name!r} in {self.storage!r} was not made by layoutsearch ("
+                f"{len(study.trials)} trials, direction {directions}, no layoutsearch "
+                "fingerprint); use another driver.study_name or driver.storage")
         if stored is None:
             study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
         elif stored != fingerprint:
