@@ -55,27 +55,28 @@ def _softmax_batches_per_block(seq_per_rank: Any) -> Any:
     return np.where(seq_per_rank <= 128, 8, 4)
 
 
-def fused_softmax_takes(seq_per_rank: Any, attention_batches: Any) -> Any:
-    """Megatron's FusedScaleMaskSoftmax.is_kernel_available: 16 < sk <= 4096, sq and sk
-    multiples of 4, and (micro-batch x heads per TP rank) a multiple of the kernel's batches
-    per block. Per row for columns, one numpy bool for plain integers (a single command is
-    checked without building a table: ~3 ms each, 1,000 per search)."""
-    return ((seq_per_rank > 16) & (seq_per_rank <= 4096) & (seq_per_rank % 4 == 0)
-            & (attention_batches % _softmax_batches_per_block(seq_per_rank) == 0))
-
-
-def _seq_per_rank(t: Frame) -> pd.Series:
+def _seq_per_rank(t: Frame | Mapping[str, Any]) -> Any:
     return t["seq_length"] // t["cp"]
 
 
-def _attention_batches(t: Frame) -> pd.Series:
+def _attention_batches(t: Frame | Mapping[str, Any]) -> Any:
     return t["micro_batch_size"] * (t["num_attention_heads"] // t["tp"])
+
+
+def fused_softmax_takes(t: Frame | Mapping[str, Any]) -> Any:
+    """Megatron's FusedScaleMaskSoftmax.is_kernel_available: 16 < sk <= 4096, sq and sk
+    multiples of 4, and (micro-batch x heads per TP rank) a multiple of the kernel's batches
+    per block. Per row of a candidate table; one numpy bool for one row's mapping of plain
+    integers (a single command is checked without building a table: ~3 ms each, 1,000 per
+    search)."""
+    s = _seq_per_rank(t)
+    return ((s > 16) & (s <= 4096) & (s % 4 == 0)
+            & (_attention_batches(t) % _softmax_batches_per_block(s) == 0))
 
 
 FUSED_SOFTMAX_SHAPE = Rule(
     "fused_softmax_shape",
-    lambda t: ((t["attention"] == "fused")
-               & ~fused_softmax_takes(_seq_per_rank(t), _attention_batches(t))).to_numpy(),
+    lambda t: ((t["attention"] == "fused") & ~fused_softmax_takes(t)).to_numpy(),
     lambda t: "fused softmax kernel unavailable: needs 16 < seq_length/cp ("
     + _text(_seq_per_rank(t)) + ") <= 4096, a multiple of 4, and "
     "micro_batch_size·heads/tp (" + _text(_attention_batches(t)) + ") divisible by "

@@ -39,12 +39,16 @@ def _read(path: Path) -> dict[str, Any]:
         return dict(yaml.safe_load(handle))
 
 
-def _construct(cls: type, kind: str, fields: Any) -> Any:
-    valid = [f.name for f in dataclasses.fields(cls)]
+def _require_mapping(cls: type, kind: str, fields: Any) -> None:
     if not isinstance(fields, Mapping):  # e.g. a YAML file written as a list of fields
-        raise LayoutSearchError(
-            f"{kind} definition {fields!r}: must be a mapping of field names to values "
-            f"(fields: {', '.join(valid)})")
+        valid = ", ".join(f.name for f in dataclasses.fields(cls))
+        raise LayoutSearchError(f"{kind} definition {fields!r}: must be a mapping of field "
+                                f"names to values (fields: {valid})")
+
+
+def _construct(cls: type, kind: str, fields: Any) -> Any:
+    _require_mapping(cls, kind, fields)
+    valid = [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in fields if k not in valid]
     if unknown:
         name = fields.get("name", "")
@@ -59,15 +63,13 @@ def _construct(cls: type, kind: str, fields: Any) -> Any:
 
 def model_from_dict(fields: Mapping[str, Any]) -> ModelSpec:
     """A ModelSpec from YAML/Hydra fields (keys as in `catalog/model/*.yaml`)."""
-    if isinstance(fields, Mapping):
-        fields = {k: v for k, v in fields.items() if k != "_target_"}
-    return _construct(ModelSpec, "model", fields)
+    _require_mapping(ModelSpec, "model", fields)
+    return _construct(ModelSpec, "model", {k: v for k, v in fields.items() if k != "_target_"})
 
 
 def cluster_from_dict(fields: Mapping[str, Any]) -> ClusterSpec:
     """A ClusterSpec from YAML/Hydra fields; `gpu` is a nested mapping."""
-    if not isinstance(fields, Mapping):
-        return _construct(ClusterSpec, "cluster", fields)  # says it must be a mapping
+    _require_mapping(ClusterSpec, "cluster", fields)
     fields = dict(fields)
     gpu = fields.pop("gpu", None)
     if not isinstance(gpu, Mapping):

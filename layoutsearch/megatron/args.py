@@ -223,13 +223,12 @@ def _kernel_args(layout: Layout, model: ModelSpec,
 def _fused_softmax_fallback(layout: Layout, job: Job) -> list[str]:
     """The caveat of a `fused` layout whose shape the kernel does not take (search drops
     those rows; a caller building a command for one directly is told what would run)."""
-    if layout.attention != "fused" or fused_softmax_takes(
-            job.seq_length // layout.cp,
-            layout.micro_batch_size * (job.model.num_attention_heads // layout.tp)):
+    row = {**job.columns(), **layout.to_dict()}
+    if layout.attention != "fused" or fused_softmax_takes(row):
         return []
-    row = pd.DataFrame([{**job.columns(), **layout.to_dict()}])
-    return [f"{FUSED_SOFTMAX_SHAPE.explain(row).iloc[0]}: Megatron-LM's FusedScaleMaskSoftmax "
-            "runs PyTorch's softmax instead, so the run would measure torch attention"]
+    reason = FUSED_SOFTMAX_SHAPE.explain(pd.DataFrame([row])).iloc[0]
+    return [f"{reason}: Megatron-LM's FusedScaleMaskSoftmax runs PyTorch's softmax instead, "
+            "so the run would measure torch attention"]
 
 
 def build_command(layout: Layout, job: Job,
