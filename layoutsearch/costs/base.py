@@ -10,7 +10,10 @@ define `unpriced(candidates, clusters) -> pd.Series`: for each row, why it would
 figures for it ("" where it would), found without pricing anything — a replay's layouts the
 file never measured, a measured model's layouts it will not launch. The optuna driver
 treats those rows as it treats rule-breaking ones, so its budget of evaluations is spent
-on layouts that get a price.
+on layouts that get a price. Last, it may define `reprices(costs) -> bool`: whether a price
+it gave in an earlier search (one row of its columns, as a stored optuna trial keeps them)
+is to be asked again rather than reused — a measured model's launch that recorded nothing,
+or a failure it is told to retry.
 
     class Constant:
         name = "constant"
@@ -20,7 +23,7 @@ on layouts that get a price.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import pandas as pd
 
@@ -63,6 +66,13 @@ def unpriced_reasons(model: CostModel, candidates: pd.DataFrame,
         return pd.Series("", index=candidates.index, dtype=object)
     reasons = unpriced(candidates, clusters)
     return reasons.reindex(candidates.index).fillna("").astype(str)
+
+
+def reprices(model: CostModel, costs: Mapping[str, Any]) -> bool:
+    """Whether `model` prices again a layout it priced in an earlier search as `costs`
+    (False for a model without `reprices`: its prices do not change)."""
+    ask_again = getattr(model, "reprices", None)
+    return bool(ask_again(costs)) if callable(ask_again) else False
 
 
 def cost_model_fingerprint(model: CostModel) -> str:

@@ -419,8 +419,18 @@ class MeasuredCostModel:
                                          world_size=command.num_gpus)
                 if p.severity == "error"]
 
+    def reprices(self, costs: Mapping[str, Any]) -> bool:
+        """Whether a layout priced in an earlier search is asked again: the measurement file,
+        not a study's stored trial, is the record. A trial that recorded nothing (a dry run,
+        a launch refused) is no price, and a status in `retry` is to be launched again."""
+        status = str(costs.get("measured_status") or "")
+        return status == "" or status in self.retry
+
     def fingerprint(self) -> str:
-        """The measurement file and what is launched: its rows grow while a study runs."""
+        """The measurement file and what is launched: its rows grow while a study runs.
+        The Megatron-LM settings and `retry` are left out, as the file's rows leave them out:
+        a study resumes under a longer time limit, and `reprices` says what is launched
+        again."""
         prescreen = cost_model_fingerprint(self.prescreen) if self.prescreen else None
         return f"{self.file.path.resolve()}|prescreen={prescreen}|top_k={self.top_k}"
 

@@ -20,6 +20,7 @@ from layoutsearch.costs.measured import MeasuredCostModel
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import read_measurements
 from layoutsearch.megatron import parse_log
+from layoutsearch.megatron.launchers import build_launcher
 from layoutsearch.testing import (
     check_cost_model,
     conformance_candidates,
@@ -580,3 +581,43 @@ def test_an_optuna_search_spends_its_trials_on_launches_only(tmp_path):
             driver={"name": "optuna", "n_trials": 3, "seed": 0, "progress": False})
     assert model.launched == len(ranked) == len(launches(tmp_path)) == 3
     assert (ranked["attention"] == "flash2").all()
+
+
+def test_retry_relaunches_a_stored_optuna_studys_failures(tmp_path):
+    # The study stores each trial's price; with retry the recorded failure must be launched
+    # again, not reused from the study, and a retry that fails again is not looped on.
+    driver = {"name": "optuna", "n_trials": 1, "seed": 0, "progress": False,
+              "storage": f"sqlite:///{tmp_path / 'study.db'}", "study_name": "retry"}
+    crashed = fake_measured_model(tmp_path, top_k=1, inject="1=crash")
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
+        layoutsearch.search(cost_model=crashed, driver=driver, **SMALL_JOB)
+    assert crashed.launched == 1
+    again = fake_measured_model(tmp_path, top_k=1, inject="1=crash")
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
+        layoutsearch.search(cost_model=again, driver=driver, **SMALL_JOB)
+    assert again.launched == 0  # without retry the study's stored failure stands
+    still = fake_measured_model(tmp_path, top_k=1, inject="2=crash")  # launch 2 fails
+    still.retry = ("error",)
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
+        ranked = layoutsearch.search(cost_model=still, driver=driver, **SMALL_JOB)
+    assert still.launched == 1 and len(ranked) == 1
+    retried = fake_measured_model(tmp_path, top_k=1)
+    retried.retry = ("error",)
+    ranked = layoutsearch.search(cost_model=retried, driver=driver, **SMALL_JOB)
+    assert retried.launched == 1
+    assert len(ranked) == 1 and ranked["fits"].all()  # the new price replaces the failure
+    assert list(read_measurements(tmp_path / "measurements.csv")["status"]) == [
+        "error", "error", "ok"]
+
+
+def test_a_dry_run_studys_trials_are_launched_by_a_later_local_search(tmp_path):
+    # A dry run writes scripts and records nothing: its trials are no price to reuse.
+    driver = {"name": "optuna", "n_trials": 1, "seed": 0, "progress": False,
+              "storage": f"sqlite:///{tmp_path / 'study.db'}", "study_name": "dry"}
+    dry = fake_measured_model(tmp_path, top_k=1)
+    dry.launcher = build_launcher(dry.settings.replace(launcher="dry_run"))
+    ranked = layoutsearch.search(cost_model=dry, driver=driver, **SMALL_JOB)
+    assert dry.launched == 0 and ranked["reason"].str.contains("dry run: wrote").all()
+    real = fake_measured_model(tmp_path, top_k=1)
+    ranked = layoutsearch.search(cost_model=real, driver=driver, **SMALL_JOB)
+    assert real.launched == 1 and ranked["fits"].all()

@@ -6,7 +6,9 @@ to the cost model: the trial is recorded with the rule's reason and a violated c
 says it has no figures for (`unpriced` in costs/base.py: a replay's unmeasured layouts, a
 measured model's flash1 ones), so that `n_trials` counts layouts that get a price. A layout
 already evaluated — by this process, another worker or an earlier run of the study — is not
-evaluated again: the trial reuses the stored value. Either way the nearest layout that can
+evaluated again: the trial reuses the stored value, unless the cost model says that price is
+to be asked again (`reprices`: a measured model's `retry` statuses), in which case the
+layout is queued first when the search starts. Either way the nearest layout that can
 still be evaluated is queued next (`layout_index.py`), so few-feasible spaces do not stall
 the search. A cost model that raises fails that trial (the error is kept in its user
 attributes) and the search goes on. Studies live in any optuna storage (`sqlite:///...`,
@@ -34,9 +36,10 @@ import optuna
 import pandas as pd
 from optuna.storages import BaseStorage
 from optuna.study import StudyDirection
+from optuna.trial import TrialState
 
 from layoutsearch.costs import build_cost_model
-from layoutsearch.costs.base import cost_model_fingerprint
+from layoutsearch.costs.base import cost_model_fingerprint, reprices
 from layoutsearch.costs.measured import MeasuredCostModel
 from layoutsearch.drivers.layout_index import LayoutIndex
 from layoutsearch.drivers.optuna.storage import fail_dead_workers, open_storage, release
@@ -45,8 +48,8 @@ from layoutsearch.drivers.optuna.worker import (
     EvaluationBudget,
     Worker,
     encode,
-    is_evaluation,
     plain,
+    standing,
     work,
 )
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
@@ -220,13 +223,14 @@ class OptunaDriver:
             fail_dead_workers(study, storage)
             if not len(index.open):
                 return self.nothing_to_sample(problem, index)
+            stale = self._price_again(study, problem, index)
             self._warm_start(study, problem, index)
             if self.n_workers == 1:
-                Worker(self, problem, index, study, storage, 0).run()
+                Worker(self, problem, index, study, storage, 0, stale=stale).run()
             else:
-                done = sum(is_evaluation(t) for t in study.get_trials(deepcopy=False))
+                done = len(standing(study.get_trials(deepcopy=False), stale))
                 release(storage)
-                self._run_workers(problem, done)
+                self._run_workers(problem, done, stale)
             return self.results(study, problem, index)
         except KeyboardInterrupt:
             if self.storage:
@@ -235,6 +239,24 @@ class OptunaDriver:
             raise
         finally:
             optuna.logging.set_verbosity(verbosity)
+
+    def _price_again(self, study: optuna.Study, problem: SearchProblem,
+                     index: LayoutIndex) -> frozenset[int]:
+        """The stored evaluations the cost model prices again (`reprices`: a measured
+        model's failures it is told to retry, its launches that recorded nothing), each
+        layout queued first so that they are asked before the sampler's own proposals."""
+        trials = study.get_trials(deepcopy=False)
+        stale = [t for t in standing(trials, ()).values()
+                 if reprices(problem.cost_model, t.user_attrs.get("costs") or {})]
+        waiting = {t.user_attrs.get("layout") for t in trials if t.state == TrialState.WAITING}
+        for trial in stale:
+            label = trial.user_attrs["layout"]
+            position = index.rows.get(label)
+            if label in waiting or position is None or position not in index.open:
+                continue
+            study.enqueue_trial(encode(index, index.params_of(position)),
+                                user_attrs={"layout": label, "prices_again": trial.number})
+        return frozenset(t.number for t in stale)
 
     def _warm_start(self, study: optuna.Study, problem: SearchProblem,
                     index: LayoutIndex) -> None:
@@ -259,7 +281,8 @@ class OptunaDriver:
             study.enqueue_trial(encode(index, params), skip_if_exists=True, user_attrs={
                 "warm_start": self.warm_start, "layout": index.label(params)})
 
-    def _run_workers(self, problem: SearchProblem, evaluations_done: int) -> None:
+    def _run_workers(self, problem: SearchProblem, evaluations_done: int,
+                     stale: frozenset[int]) -> None:
         # fork shares the problem with the workers without pickling it; spawn elsewhere.
         context = (multiprocessing.get_context("fork")
                    if "fork" in multiprocessing.get_all_start_methods()
@@ -268,7 +291,7 @@ class OptunaDriver:
         budget = (EvaluationBudget(context, self.n_trials - evaluations_done)
                   if self.n_trials is not None else None)
         workers = [context.Process(target=work, args=(self, problem, i, errors, budget,
-                                                      os.getpid()))
+                                                      os.getpid(), stale))
                    for i in range(self.n_workers)]
         for process in workers:
             process.start()
@@ -296,8 +319,10 @@ class OptunaDriver:
 
     def results(self, study: optuna.Study, problem: SearchProblem,
                 index: LayoutIndex) -> pd.DataFrame:
-        """One row per evaluated layout: the candidate, its costs, the trial that priced it."""
-        evaluated = [t for t in study.get_trials(deepcopy=False) if is_evaluation(t)]
+        """One row per evaluated layout: the candidate, its costs, the trial that priced it
+        last."""
+        evaluated = sorted(standing(study.get_trials(deepcopy=False), ()).values(),
+                           key=lambda t: t.number)
         rows = problem.candidates.iloc[[index.rows[t.user_attrs["layout"]] for t in evaluated]]
         records = [{**UNPRICED, **(t.user_attrs.get("costs")
                                    or {"reason": t.user_attrs.get("error", "")})}

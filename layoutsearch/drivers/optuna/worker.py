@@ -15,7 +15,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -86,13 +86,21 @@ def is_evaluation(trial: FrozenTrial) -> bool:
     return trial.state == TrialState.COMPLETE or "error" in trial.user_attrs
 
 
+def standing(trials: list[FrozenTrial], stale: Collection[int]) -> dict[str, FrozenTrial]:
+    """The evaluation that stands for each layout (by label): its latest, unless that one is
+    to be priced again (`stale`: trial numbers the search found so when it started)."""
+    latest = {t.user_attrs["layout"]: t for t in trials if is_evaluation(t)}
+    return {label: t for label, t in latest.items() if t.number not in stale}
+
+
 def feasible(trial: FrozenTrial) -> bool:
     return trial.state == TrialState.COMPLETE and all(
         v <= 0 for v in trial.constraints.values())
 
 
 def work(driver: OptunaDriver, problem: SearchProblem, number: int, errors: Any,
-         budget: EvaluationBudget | None = None, parent_pid: int | None = None) -> None:
+         budget: EvaluationBudget | None = None, parent_pid: int | None = None,
+         stale: frozenset[int] = frozenset()) -> None:
     """One worker process of a study; it ends when the search that started it dies (a
     `kill -9` of the search must not leave workers launching trials)."""
     if parent_pid is not None:
@@ -101,7 +109,8 @@ def work(driver: OptunaDriver, problem: SearchProblem, number: int, errors: Any,
     try:
         storage = open_storage(driver.storage)
         study = driver.open_study(problem, storage, worker=number)
-        Worker(driver, problem, LayoutIndex.of(problem), study, storage, number, budget).run()
+        Worker(driver, problem, LayoutIndex.of(problem), study, storage, number, budget,
+               stale).run()
     except BaseException as error:
         errors.put(f"worker {number}: {type(error).__name__}: {error}")
         raise SystemExit(1) from None
@@ -112,11 +121,16 @@ class Worker:
 
     def __init__(self, driver: OptunaDriver, problem: SearchProblem, index: LayoutIndex,
                  study: optuna.Study, storage: BaseStorage, number: int,
-                 budget: EvaluationBudget | None = None) -> None:
+                 budget: EvaluationBudget | None = None,
+                 stale: frozenset[int] = frozenset()) -> None:
         self.driver, self.problem, self.index, self.study = driver, problem, index, study
         self.storage = storage
         self.budget = budget
         """Shared with the other local workers; None: `done()` alone keeps the count."""
+        self.stale = stale
+        """Evaluations of earlier searches the cost model prices again (`reprices`): not
+        reused, not counted. Fixed when the search starts, so that a retry that fails
+        again in this search stands."""
         self.evaluations = 0
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self.worst = tuple(0.0 if d == "maximize" else math.inf for d in driver.directions)
@@ -165,8 +179,7 @@ class Worker:
         return any(alive(t) for t in running)
 
     def done(self) -> bool:
-        trials = self.study.get_trials(deepcopy=False)
-        evaluations = [t for t in trials if is_evaluation(t)]
+        evaluations = standing(self.study.get_trials(deepcopy=False), self.stale)
         self.progress.done = len(evaluations)  # the study's, by every worker, not this one's
         budget = self.driver.n_trials
         if budget is not None and len(evaluations) >= budget:
@@ -177,7 +190,8 @@ class Worker:
         if target is None:
             return False
         sign = 1.0 if self.driver.directions[0] == "maximize" else -1.0
-        return any(feasible(t) and sign * (t.values[0] - target) >= 0 for t in evaluations)
+        return any(feasible(t) and sign * (t.values[0] - target) >= 0
+                   for t in evaluations.values())
 
     def answer(self, trial: Trial) -> Outcome:
         params = {
@@ -210,17 +224,19 @@ class Worker:
                 trial.set_user_attr("reason", f"being evaluated in trial {other.number}")
                 self.queue_nearest(params, trials)
                 return TrialState.PRUNED, None
-            if is_evaluation(other):
-                self.queue_nearest(params, trials)
-                return self.reuse(trial, other)
+        priced = standing(trials, self.stale).get(label)
+        if priced is not None:
+            self.queue_nearest(params, trials)
+            return self.reuse(trial, priced)
         assert position is not None
         return self.evaluate(trial, position)
 
     def queue_nearest(self, params: Mapping[str, Any], trials: list[FrozenTrial]) -> None:
         """Queue the closest layout nobody has priced, is pricing or has queued."""
-        taken = {self.index.rows[t.user_attrs["layout"]] for t in trials
-                 if t.user_attrs.get("layout") in self.index.rows
-                 and (is_evaluation(t) or t.state in (TrialState.RUNNING, TrialState.WAITING))}
+        busy = [t.user_attrs.get("layout") for t in trials
+                if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+        taken = {self.index.rows[label] for label in [*standing(trials, self.stale), *busy]
+                 if label in self.index.rows}
         nearest = self.index.nearest(params, taken, self.rng)
         if nearest is not None:
             near = self.index.params_of(nearest)
