@@ -43,7 +43,7 @@ from layoutsearch.drivers import build_driver
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.megatron import emit_megatron
-from layoutsearch.paths import config_dir
+from layoutsearch.paths import config_dir, config_folders
 from layoutsearch.reporting import report as write_run_report
 from layoutsearch.reporting.sweep import (
     ERROR_FILE,
@@ -240,9 +240,9 @@ def _chosen_options(group: str, overrides: Sequence[Override]) -> list[str]:
 
 
 def _option_config(group: str, option: str, extra: Sequence[Path] = ()) -> dict[str, Any]:
-    """An option's YAML as written, looked for in the user's folders, then the shipped ones
-    (an option of the same name in both is rare; either names its settings)."""
-    for folder in (*(folder / group for folder in extra), GROUP_DIRS[group]()):
+    """An option's YAML as written, looked for as Hydra does: in the shipped folder, then
+    the user's (the first of a name wins)."""
+    for folder in (GROUP_DIRS[group](), *(folder / group for folder in extra)):
         path = folder / f"{option}.yaml"
         if path.is_file():
             config = yaml.safe_load(path.read_text())
@@ -256,29 +256,40 @@ SETTING_GROUPS = ("driver", "cost_models")
 
 
 def _chosen_settings(group: str, overrides: Sequence[Override],
-                     extra: Sequence[Path] = ()) -> tuple[str, list[str]]:
-    """The option of `group` the command selects (the default's unless it says) and its keys."""
-    name = _chosen_options(group, overrides)[-1]
-    return name, list(_option_config(group, name, extra))
+                     extra: Sequence[Path] = ()) -> dict[str, list[str]]:
+    """The options of `group` the command selects (the default's unless it says; several
+    in a sweep), each with its keys."""
+    return {name: list(_option_config(group, name, extra))
+            for name in _chosen_options(group, overrides)}
 
 
-def check_setting_key(override: Override, group: str, chosen: str,
-                      keys: Sequence[str], extra: Sequence[Path] = ()) -> None:
+def check_setting_key(override: Override, group: str, chosen: Mapping[str, Sequence[str]],
+                      extra: Sequence[Path] = ()) -> None:
     """`driver.n_trials=5` under the grid driver, `cost_models.top_k=8` under the analytic
-    model: say which option has that setting."""
+    model: say which option has that setting. In a sweep over the group's options the
+    setting reaches every job, so each option swept must have it."""
     key = override.key_or_group
     if not key.startswith(f"{group}.") or override.type is OverrideType.DEL:
         return
     name = key.split(".", 1)[1].split(".")[0]
-    if name in keys:
+    lacking = [option for option, keys in chosen.items() if name not in keys]
+    if not lacking:
         return
+    having = [option for option in chosen if option not in lacking]
+    if having:
+        # Hydra would stop the sweep at the first job whose option lacks it.
+        raise LayoutSearchError(
+            f"{group}.{name}: the sweep's {group}={lacking[0]} has no setting {name!r} "
+            f"({group}={having[0]} has); a setting reaches every job of a --multirun, so "
+            f"sweep {group}={lacking[0]} in a command of its own")
+    option, keys = lacking[-1], chosen[lacking[-1]]
     owners = [o for o in offered_options(group, extra)
               if name in _option_config(group, o, extra)]
     if owners:
         raise LayoutSearchError(
-            f"{group}.{name}: {group}={chosen} has no setting {name!r}; it is a setting of "
+            f"{group}.{name}: {group}={option} has no setting {name!r}; it is a setting of "
             f"{' and '.join(f'{group}={o}' for o in owners)} (add {group}={owners[0]})")
-    raise LayoutSearchError(unknown_name_message(f"{group}={chosen} setting", name, keys))
+    raise LayoutSearchError(unknown_name_message(f"{group}={option} setting", name, keys))
 
 
 def _left_to_defaults(override: Override, overrides: Sequence[Override]) -> bool:
@@ -388,8 +399,8 @@ def check_group_choices(argv: Sequence[str]) -> None:
         check_key(override, known)
         if extra is None:
             continue
-        for group, (option, keys) in chosen.items():
-            check_setting_key(override, group, option, keys, extra)
+        for group, swept in chosen.items():
+            check_setting_key(override, group, swept, extra)
         if override.key_or_group not in GROUP_DIRS or override.type is OverrideType.DEL:
             continue
         options = group_options(override.key_or_group, extra)
@@ -447,9 +458,12 @@ def _app(cfg: DictConfig) -> None:
     hydra_config = HydraConfig.get()
     output_dir = Path(hydra_config.runtime.output_dir)
     forget_job_outputs(output_dir)
+    # Names in settings (cost_models.megatron=mine) are found where Hydra found the groups.
+    folders = [s.path for s in hydra_config.runtime.config_sources if s.schema == "file"]
     try:
         choice = hydra_config.runtime.choices.get("cost_models")
-        ranked = run(resolved(cfg), output_dir, cost_model_name=f"cost_models={choice}")
+        with config_folders(folders):
+            ranked = run(resolved(cfg), output_dir, cost_model_name=f"cost_models={choice}")
     except LayoutSearchError as error:
         if hydra_config.mode != RunMode.MULTIRUN:
             _fail(error)

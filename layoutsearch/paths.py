@@ -2,18 +2,27 @@
 
 In a checkout (editable install) `search_spaces/` and `cost_models/` sit at the repository
 root; a wheel carries them inside the package as `layoutsearch/_configs/` (see pyproject's
-force-include).
+force-include). A name given in a setting (`cost_models.megatron=mine`,
+`cost_models.prescreen=my_fit`) is looked up there and, while `config_folders` is in effect
+(the command's `--config-dir` and `hydra.searchpath`), in the user's folders too.
 
     config_dir("cost_models") / "analytic.yaml"
+    with config_folders([Path("my_configs")]):
+        option_files("cost_models")["mine"]   # my_configs/cost_models/mine.yaml
     unwritable_file("runs/measurements.csv")  # None, or why not
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
+_USER_FOLDERS: ContextVar[tuple[Path, ...]] = ContextVar("layoutsearch_config_folders",
+                                                         default=())
 
 
 def config_root() -> Path:
@@ -24,6 +33,27 @@ def config_root() -> Path:
 
 def config_dir(group: str) -> Path:
     return config_root() / group
+
+
+@contextlib.contextmanager
+def config_folders(folders: Iterable[str | Path]) -> Iterator[None]:
+    """Within the block, names of options are also looked for in `folders`, each holding
+    `<group>/<name>.yaml` as a `--config-dir` does."""
+    token = _USER_FOLDERS.set(tuple(Path(f).expanduser() for f in folders))
+    try:
+        yield
+    finally:
+        _USER_FOLDERS.reset(token)
+
+
+def option_files(group: str) -> dict[str, Path]:
+    """The options of `group` by name, sorted: the shipped ones, then the user's folders'
+    (`config_folders`). As in Hydra's search path, the first file of a name wins."""
+    files: dict[str, Path] = {}
+    for folder in (config_dir(group), *(f / group for f in _USER_FOLDERS.get())):
+        for path in sorted(folder.glob("*.yaml")):
+            files.setdefault(path.stem, path)
+    return dict(sorted(files.items()))
 
 
 def unwritable_file(path: str | Path) -> str | None:

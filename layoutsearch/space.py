@@ -22,7 +22,7 @@ import yaml
 
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.layout import ATTENTION_KERNELS, RECOMPUTE_KINDS
-from layoutsearch.paths import config_dir
+from layoutsearch.paths import option_files
 from layoutsearch.specs import Job
 
 INTEGER_KNOBS = ("tp", "pp", "cp", "vp", "micro_batch_size")
@@ -37,7 +37,7 @@ KNOBS = INTEGER_KNOBS + BOOLEAN_KNOBS + tuple(CHOICE_KNOBS)
 
 
 def space_names() -> list[str]:
-    return sorted(p.stem for p in config_dir("search_spaces").glob("*.yaml"))
+    return list(option_files("search_spaces"))
 
 
 def _plain(value: Any) -> Any:
@@ -131,7 +131,7 @@ class SearchSpace:
         """A space of the `search_spaces/` config group by name."""
         if not isinstance(name, str) or name not in space_names():
             raise LayoutSearchError(unknown_name_message("search space", name, space_names()))
-        path = config_dir("search_spaces") / f"{name}.yaml"
+        path = option_files("search_spaces")[name]
         with path.open() as handle:
             return cls.from_dict(yaml.safe_load(handle) or {}, name=name)
 

@@ -31,6 +31,7 @@ from layoutsearch.cli import (
 )
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.paths import config_dir
 from layoutsearch.results import RESULT_COLUMNS
 from layoutsearch.space import SearchSpace
 
@@ -259,6 +260,17 @@ def test_a_driver_setting_under_another_driver_names_the_driver_that_has_it() ->
     check_group_choices(["driver=optuna", "driver.n_trials=5"])
 
 
+@pytest.mark.parametrize("drivers", ["optuna,grid", "grid,optuna"])
+def test_a_setting_of_one_option_of_a_sweep_is_refused_before_any_job(drivers: str) -> None:
+    # Hydra gives the setting to every job: the grid job would stop the sweep half-run.
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            "driver.n_trials: the sweep's driver=grid has no setting 'n_trials' "
+            "(driver=optuna has); a setting reaches every job of a --multirun, so sweep "
+            "driver=grid in a command of its own")):
+        check_group_choices(["-m", f"driver={drivers}", "driver.n_trials=5"])
+    check_group_choices(["-m", "driver=optuna", "driver.n_trials=5,10"])
+
+
 def test_a_cost_model_setting_under_another_model_names_the_model_that_has_it() -> None:
     # Not the Megatron-LM settings file of cost_models/, which is not a cost model.
     with pytest.raises(LayoutSearchError, match=re.escape(
@@ -391,3 +403,26 @@ def test_ctrl_c_stops_an_optuna_search_without_a_traceback_and_says_how_to_resum
     assert search_run.returncode == 130 and "Traceback" not in stderr
     assert "keeps every finished trial, and the same command resumes the study" in stderr
     assert stderr.rstrip().endswith("layoutsearch: interrupted")
+
+
+def test_names_in_settings_are_found_in_the_users_config_folder(tmp_path: Path) -> None:
+    # Megatron-LM settings and a calibrated fit kept beside the user's own options.
+    folder = tmp_path / "my_configs" / "cost_models"
+    folder.mkdir(parents=True)
+    shipped = config_dir("cost_models")
+    (folder / "my_megatron.yaml").write_text(
+        (shipped / "megatron.yaml").read_text() + "\nlog_dir: my_logs\n")
+    (folder / "my_fit.yaml").write_text((shipped / "analytic.yaml").read_text())
+    done = layoutsearch(
+        "--config-dir", str(tmp_path / "my_configs"), "cost_models=measured",
+        "cost_models.megatron=my_megatron", "cost_models.launcher=dry_run",
+        "cost_models.prescreen=my_fit", "cost_models.top_k=1", "model=llama_7b",
+        "num_gpus=8", "global_batch_size=64", FAST, f"hydra.run.dir={tmp_path / 'out'}",
+        cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert len(list((tmp_path / "my_logs").glob("*.sh"))) == 1  # my_megatron's log_dir
+    # Without the folder the names are unknown, and the message lists the shipped ones.
+    done = layoutsearch("cost_models=measured", "cost_models.megatron=my_megatron",
+                        f"hydra.run.dir={tmp_path / 'out2'}", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "unknown Megatron-LM settings 'my_megatron'" in done.stderr

@@ -26,7 +26,7 @@ from layoutsearch.costs.memory import GIB, memory_breakdown
 from layoutsearch.costs.shapes import Array, Shapes
 from layoutsearch.costs.timing import time_breakdown
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.paths import config_dir
+from layoutsearch.paths import option_files
 from layoutsearch.specs import ClusterSpec
 
 
@@ -65,7 +65,7 @@ class AnalyticCostModel:
         the name a measured search's `prescreen` takes to rank as this model does. Files that
         are not analytic configs, or not valid ones, are passed over."""
         mine = self.fingerprint()
-        for path in sorted(config_dir("cost_models").glob("*.yaml")):
+        for name, path in option_files("cost_models").items():
             try:
                 config = yaml.safe_load(path.read_text())
                 if not (isinstance(config, dict)
@@ -75,7 +75,7 @@ class AnalyticCostModel:
             except (yaml.YAMLError, LayoutSearchError):
                 continue
             if AnalyticCostModel(constants).fingerprint() == mine:
-                return path.stem
+                return name
         return None
 
     def _per_row(self, shapes: Shapes) -> dict[str, Array]:

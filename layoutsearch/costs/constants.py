@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
-from layoutsearch.paths import config_dir
+from layoutsearch.paths import option_files
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -119,15 +119,15 @@ def constants_path(name_or_path: str | Path, target: str | None = None) -> Path:
         if not path.is_file():
             raise LayoutSearchError(f"cost-model constants file {str(path)!r} does not exist")
         return path
-    candidate = config_dir("cost_models") / f"{name_or_path}.yaml"
-    if not candidate.is_file():
+    files = option_files("cost_models")
+    if str(name_or_path) not in files:
         # Cost models name their class; the Megatron-LM settings file beside them does not.
-        names = [p.stem for p in sorted(config_dir("cost_models").glob("*.yaml"))
-                 if (found := config_target(yaml.safe_load(p.read_text())))
+        names = [name for name, file in files.items()
+                 if (found := config_target(yaml.safe_load(file.read_text())))
                  and (target is None or found == target)]
         kind = "analytic constants" if target == ANALYTIC_TARGET else "cost model"
         raise LayoutSearchError(unknown_name_message(kind, str(name_or_path), names))
-    return candidate
+    return files[str(name_or_path)]
 
 
 def parse_constants(config: Mapping[str, Any], where: str) -> dict[str, AnalyticConstants]:

@@ -21,7 +21,7 @@ import yaml
 
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.megatron.slurm_options import check_slurm_settings, check_submitit_values
-from layoutsearch.paths import config_dir
+from layoutsearch.paths import option_files
 from layoutsearch.space import KNOBS
 
 LAUNCHERS = ("dry_run", "local", "slurm")
@@ -151,7 +151,7 @@ class MegatronSettings:
             if str(name_or_path) not in names:
                 raise LayoutSearchError(unknown_name_message(
                     "Megatron-LM settings", str(name_or_path), names))
-            path = config_dir("cost_models") / f"{name_or_path}.yaml"
+            path = option_files("cost_models")[str(name_or_path)]
         elif not path.is_file():
             raise LayoutSearchError(f"megatron={str(path)!r}: no such settings file")
         try:
@@ -165,8 +165,8 @@ class MegatronSettings:
 
 def settings_names() -> list[str]:
     """The `cost_models/` files that are Megatron-LM settings (they name megatron_path)."""
-    return sorted(p.stem for p in config_dir("cost_models").glob("*.yaml")
-                  if "megatron_path" in (yaml.safe_load(p.read_text()) or {}))
+    return [name for name, path in option_files("cost_models").items()
+            if "megatron_path" in (yaml.safe_load(path.read_text()) or {})]
 
 
 def _coerce(values: Mapping[str, Any], where: str) -> dict[str, Any]:
