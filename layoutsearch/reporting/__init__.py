@@ -36,8 +36,6 @@ def report(result: pd.DataFrame, out_dir: str | Path | None = None, *,
             "report(result): result.attrs['job'] is missing; pass the frame layoutsearch.search "
             "returned (pandas drops attrs in some operations, e.g. concat)"
         )
-    if result.empty:
-        raise LayoutSearchError("report(result): the result has no rows")
     folder = Path(out_dir) if out_dir is not None else DEFAULT_DIR
     if folder.exists() and not folder.is_dir():
         raise LayoutSearchError(f"report(result, out_dir={str(folder)!r}): is a file; the "

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 
 TIME_NAMES = {
@@ -37,6 +38,27 @@ MEMORY_NAMES = {
     "logits": "fp32 logits",
     "overhead": "CUDA context, buffers, fragmentation",
 }
+
+
+RANKING_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "peak_memory_gib", "fits", "reason")
+"""What the reports read of a ranking (a `search` result, or rows of one)."""
+
+
+def require_ranking(frame: pd.DataFrame | pd.Series, who: str,
+                    columns: Iterable[str] = RANKING_COLUMNS) -> None:
+    """Refuse a frame, or a row, that is not (part of) a ranking, naming what it lacks of
+    `columns`."""
+    have = frame.index if isinstance(frame, pd.Series) else frame.columns
+    missing = [c for c in columns if c not in have]
+    if not missing:
+        return
+    predicted = [c for c in missing if f"predicted_{c}" in have]
+    hint = (f" (a predict() frame holds {', '.join(f'predicted_{c}' for c in predicted)}: "
+            "measured rows beside a model's figures, not a ranking)" if predicted else "")
+    raise LayoutSearchError(
+        f"{who}: the {'row' if isinstance(frame, pd.Series) else 'frame'} lacks the "
+        f"ranking's column(s) {', '.join(missing)}{hint}; pass what layoutsearch.search "
+        "returned")
 
 
 def time_columns(frame: pd.DataFrame) -> list[str]:
@@ -66,8 +88,11 @@ def label(row: pd.Series) -> str:
 
 def compare(winner: pd.Series, other: pd.Series, *, top: int = 2) -> str:
     """Why `other` lost to `winner`: its MFU gap and the step-time components behind it."""
-    if not bool(other.get("fits", False)):
-        return f"{label(other)} does not fit: {other.get('reason') or 'no reason given'}"
+    require_ranking(other, "compare(other)", ("fits", "reason"))
+    if not bool(other["fits"]):
+        return f"{label(other)} does not fit: {other['reason'] or 'no reason given'}"
+    for row, name in ((winner, "winner"), (other, "other")):
+        require_ranking(row, f"compare({name})", ("mfu", "step_time_s"))
     gap = 100 * (float(winner["mfu"]) - float(other["mfu"]))
     head = f"{label(other)} reaches {100 * float(other['mfu']):.1f} % MFU ({gap:.1f} points lower)"
     columns = [c for c in time_columns(pd.DataFrame([winner])) if c in other.index]
@@ -130,7 +155,11 @@ def why_rejected(ranked: pd.DataFrame) -> list[str]:
 
     The twin (the same layout with only this knob changed) isolates the knob's own effect;
     the best feasible layout with another value shows what the rest of the space offers.
+    An empty ranking has no winner and nothing to explain.
     """
+    require_ranking(ranked, "why_rejected(ranked)")
+    if ranked.empty:
+        return []
     winner = ranked.iloc[0]
     lines = []
     for title, knobs in ALTERNATIVE_AXES:

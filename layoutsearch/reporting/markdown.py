@@ -11,9 +11,16 @@ from typing import Any
 
 import pandas as pd
 
+from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.megatron import with_megatron_args
-from layoutsearch.reporting.explain import component_name, label, time_columns, why_rejected
+from layoutsearch.reporting.explain import (
+    component_name,
+    label,
+    require_ranking,
+    time_columns,
+    why_rejected,
+)
 from layoutsearch.reporting.plots import BREAKDOWN, MFU_VS_MEMORY, TP_PP_HEATMAP, save_figures
 from layoutsearch.reporting.study_rules import StudyCheck, check_study_rules
 from layoutsearch.results import NOTED_FOR, counts_line, notes_key
@@ -40,6 +47,7 @@ def markdown_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
 
 def top_table(ranked: pd.DataFrame, k: int = TOP_K) -> str:
     """The best `k` layouts: knobs, MFU, step time, peak memory, fits."""
+    require_ranking(ranked, "top_table(ranked)")
     knobs = [c for c in LAYOUT_COLUMNS if c in SHOWN_KNOBS or ranked[c].nunique() > 1]
     rows = []
     for position, (_, row) in enumerate(ranked.head(k).iterrows(), start=1):
@@ -123,6 +131,9 @@ REPORT_FILE = "report.md"
 
 def write_report(ranked: pd.DataFrame, out_dir: Path, *, top_k: int = TOP_K) -> Path:
     """Write `report.md` and its PNGs into `out_dir`; returns the report's path."""
+    require_ranking(ranked, "report(result)")
+    if ranked.empty:
+        raise LayoutSearchError("report(result): the result has no rows")
     job = ranked.attrs["job"]
     check = check_study_rules(ranked, job)
     best = ranked.iloc[0]

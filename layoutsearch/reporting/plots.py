@@ -20,7 +20,13 @@ from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from layoutsearch.reporting.explain import component_name, label, memory_columns, time_columns
+from layoutsearch.reporting.explain import (
+    component_name,
+    label,
+    memory_columns,
+    require_ranking,
+    time_columns,
+)
 
 DPI = 110
 X_RANGE_OF_LIMIT = 2.5
@@ -67,6 +73,7 @@ def breakdown_figure(bars: Sequence[tuple[str, pd.Series]], *, gpu_memory_gib: f
 def mfu_memory_figure(ranked: pd.DataFrame, *, gpu_memory_gib: float,
                       marks: Sequence[tuple[str, pd.Series]] = ()) -> Figure:
     """MFU against peak memory per GPU for every priced candidate, fitting or not."""
+    require_ranking(ranked, "mfu_memory_figure(ranked)")
     fig = Figure(figsize=(8, 5.5), dpi=DPI, layout="constrained")
     ax = fig.subplots()
     priced = ranked[ranked["mfu"].notna() & ranked["peak_memory_gib"].notna()]
@@ -105,6 +112,7 @@ def mfu_memory_figure(ranked: pd.DataFrame, *, gpu_memory_gib: float,
 
 def tp_pp_heatmap(ranked: pd.DataFrame) -> Figure:
     """The best MFU that fits in each tp × pp cell (blank where nothing fits)."""
+    require_ranking(ranked, "tp_pp_heatmap(ranked)")
     feasible = ranked[ranked["fits"].astype(bool)]
     tps = sorted(set(ranked["tp"]))
     pps = sorted(set(ranked["pp"]))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from layoutsearch.drivers.paper import paper_choice, wants_sequence_parallel
-from layoutsearch.reporting.explain import compare, label, same_except, twin
+from layoutsearch.reporting.explain import compare, label, require_ranking, same_except, twin
 from layoutsearch.specs import Job
 
 MATCH_POINTS = 1.0
@@ -114,6 +114,7 @@ def _verdicts(ranked: pd.DataFrame, job: Job, best: pd.Series,
 
 def check_study_rules(ranked: pd.DataFrame, job: Job) -> StudyCheck | None:
     """The verdicts for the best feasible layout of `ranked`; None when nothing fits."""
+    require_ranking(ranked, "check_study_rules(ranked)")
     feasible = ranked[ranked["fits"].astype(bool)]
     if feasible.empty:
         return None

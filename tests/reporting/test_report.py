@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -9,6 +10,10 @@ import pytest
 
 import layoutsearch
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.reporting import check_study_rules, write_report
+from layoutsearch.reporting.explain import compare, why_rejected
+from layoutsearch.reporting.markdown import top_table
+from layoutsearch.reporting.plots import mfu_memory_figure, tp_pp_heatmap
 
 JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
            vocab_size=128000)
@@ -101,3 +106,33 @@ def test_report_when_nothing_fits(tmp_path: Path) -> None:
     text = layoutsearch.report(ranked, tmp_path).read_text()
     assert "**Nothing fits.**" in text
     assert not (tmp_path / "breakdown.png").exists()
+
+
+def test_every_report_part_refuses_a_predict_frame_by_name(measurement_row) -> None:
+    # predict() puts a model's figures beside measured rows: it is no ranking to explain.
+    predicted = layoutsearch.predict(pd.DataFrame([measurement_row, measurement_row]))
+    job = layoutsearch.Job(model=layoutsearch.load_model("llama_13b"),
+                           cluster=layoutsearch.load_cluster("a100_80gb"), num_gpus=64,
+                           seq_length=2048, global_batch_size=2048)
+    calls = {
+        "check_study_rules(ranked)": lambda: check_study_rules(predicted, job),
+        "why_rejected(ranked)": lambda: why_rejected(predicted),
+        "tp_pp_heatmap(ranked)": lambda: tp_pp_heatmap(predicted),
+        "mfu_memory_figure(ranked)": lambda: mfu_memory_figure(predicted, gpu_memory_gib=80),
+        "top_table(ranked)": lambda: top_table(predicted),
+        "report(result)": lambda: write_report(predicted, Path("unused")),
+        "compare(other)": lambda: compare(predicted.iloc[0], predicted.iloc[1]),
+    }
+    for who, call in calls.items():
+        with pytest.raises(LayoutSearchError, match=re.escape(
+                f"{who}: the ") + r"(frame|row) lacks the ranking's column\(s\) .*fits, "
+                r"reason \(a predict\(\) frame holds .*predicted_fits, predicted_reason"):
+            call()
+
+
+def test_an_empty_ranking_has_nothing_to_explain_and_no_report(ranked, tmp_path) -> None:
+    empty = ranked.iloc[0:0]
+    assert why_rejected(empty) == []
+    with pytest.raises(LayoutSearchError, match=r"report\(result\): the result has no rows"):
+        write_report(empty, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
