@@ -147,8 +147,9 @@ def search(
             ranked.loc[fitting], job, settings)["megatron_args"]
     scripts = ranked.loc[ranked["reason"].str.startswith(DRY_RUN_REASON), "reason"]
     ranked.attrs["dry_run_note"] = ""
-    message = no_fit_message(ranked, job, problem.passing_tp_pp,
-                             passing_rules=len(problem.feasible_candidates()))
+    # Counted among the rows ranked: a sampling driver returns only those it evaluated.
+    passing_rules = 0 if ranked["fits"].any() else int((violations(ranked, clusters) == "").sum())
+    message = no_fit_message(ranked, job, problem.passing_tp_pp, passing_rules=passing_rules)
     if message and len(scripts):
         # Nothing fits because nothing ran: the scripts are the answer, not a failure.
         message = ""

@@ -268,7 +268,7 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
 
     `passing_tp_pp` (called only when no layout passes the rules) gives the tp·pp pairs
     that would pass with the space's other settings, to suggest them. `passing_rules`
-    counts the layouts that pass the rules: when there are some but none has a memory
+    counts the layouts of `ranked` that pass the rules: when there are some but none has a memory
     figure, the cost model (a replay of measurements) is why, not the rules.
     """
     if ranked["fits"].any():
@@ -285,10 +285,13 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
     if priced.empty and failed.any():
         # What the launches said comes first, however many layouts were not launched.
         launched = int(failed.sum())
-        return (f"no layout fits: the {launched} layout{'s' * (launched != 1)} launched "
-                f"failed: {_rule_summary(ranked['reason'][failed])}; of the "
-                f"{len(ranked)} layouts, {passing_rules} pass the rules and the others were "
-                f"not launched: {_rule_summary(ranked['reason'][~failed], top=3)}")
+        message = (f"no layout fits: the {launched} layout{'s' * (launched != 1)} launched "
+                   f"failed: {_rule_summary(ranked['reason'][failed])}")
+        if failed.all():
+            return message
+        return (f"{message}; of the {len(ranked)} layouts, {passing_rules} pass the rules "
+                f"and the others were not launched: "
+                f"{_rule_summary(ranked['reason'][~failed], top=3)}")
     if priced.empty and passing_rules:
         return (f"no layout fits: {passing_rules} of {len(ranked)} layouts pass the rules, "
                 f"and the cost model found none of them to fit: "

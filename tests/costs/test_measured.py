@@ -621,3 +621,17 @@ def test_a_dry_run_studys_trials_are_launched_by_a_later_local_search(tmp_path):
     real = fake_measured_model(tmp_path, top_k=1)
     ranked = layoutsearch.search(cost_model=real, driver=driver, **SMALL_JOB)
     assert real.launched == 1 and ranked["fits"].all()
+
+
+def test_an_optuna_search_whose_launches_all_failed_counts_what_it_evaluated(tmp_path):
+    # Not the space's 1024 layouts that pass the rules, and no empty "not launched" list.
+    model = fake_measured_model(tmp_path, inject="*=crash")
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
+        ranked = layoutsearch.search(
+            cost_model=model, **SMALL_JOB,
+            driver={"name": "optuna", "n_trials": 2, "seed": 0, "progress": False})
+    message = ranked.attrs["message"]
+    assert model.launched == len(ranked) == 2
+    assert "Among those evaluated: no layout fits: the 2 layouts launched failed: " in message
+    assert message.endswith("(rejects 2 of 2 layouts)")
+    assert "pass the rules" not in message
