@@ -35,13 +35,26 @@ COST_MODEL_TARGETS: dict[str, Factory] = {
 
 def build_cost_model(
     spec: str | Path | Mapping[str, Any] | CostModel, *, name: str | None = None,
-    **settings: Any,
+    setting: str = "cost_model", **settings: Any,
 ) -> CostModel:
     """A cost model from a config name, a YAML path, a config mapping or an instance.
 
     `name` is how messages call a mapping (e.g. "cost_models=analytic", the option Hydra
-    composed it from); a name or path names itself.
+    composed it from); a name or path names itself. `setting` is the argument or setting
+    that gave `spec` ("driver.warm_start"): messages about it start with that.
     """
+    try:
+        return _build(spec, name, setting, settings)
+    except LayoutSearchError as error:
+        if setting == "cost_model" or not isinstance(spec, str | Path):
+            raise
+        # A named model's messages start with its name: say which setting named it.
+        message = str(error).removeprefix(f"{spec}: ")
+        raise LayoutSearchError(f"{setting}={spec}: {message}") from None
+
+
+def _build(spec: Any, name: str | None, setting: str, settings: Mapping[str, Any],
+           ) -> CostModel:
     if isinstance(spec, CostModel) and not isinstance(spec, str | Path | Mapping):
         if settings:
             raise LayoutSearchError(
@@ -57,7 +70,7 @@ def build_cost_model(
         config, source = dict(spec), name or "cost model config"
     else:
         raise LayoutSearchError(
-            f"cost_model={spec!r}: must be a name (e.g. 'analytic'), a YAML path, a config "
+            f"{setting}={spec!r}: must be a name (e.g. 'analytic'), a YAML path, a config "
             "mapping with _target_, or a cost model instance"
         )
     config.update(settings)

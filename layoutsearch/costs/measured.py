@@ -260,7 +260,7 @@ class MeasuredCostModel:
         if config.get("prescreen"):
             from layoutsearch.costs import build_cost_model  # the registry imports this module
 
-            prescreen = build_cost_model(config["prescreen"])
+            prescreen = build_cost_model(config["prescreen"], setting="measured.prescreen")
             if isinstance(prescreen, MeasuredCostModel):
                 # A prescreen prices every candidate to pick top_k: as training runs, that
                 # is the whole grid.

@@ -121,9 +121,14 @@ class ReplayCostModel:
             )
         path = config.get("path")
         if path in (None, "", "???"):
+            # The command line sets the chosen group's keys; a model named elsewhere (a
+            # prescreen, a warm start) takes its settings from a file of its own.
+            example = ("cost_models.path=runs.csv" if source.startswith("cost_models=") else
+                       "a YAML file of its own, named by its path (_target_: "
+                       f"{__name__}.ReplayCostModel, path: runs.csv)")
             raise LayoutSearchError(
                 f"{source}: the replay cost model needs 'path', a measurement file "
-                "(CSV or Parquet, docs/measurements.md); e.g. cost_models.path=runs.csv"
+                f"(CSV or Parquet, docs/measurements.md); e.g. {example}"
             )
         return cls.load(str(path))
 

@@ -459,6 +459,7 @@ def test_retry_launches_the_recorded_failures_again(tmp_path):
 
 @pytest.mark.parametrize("setting, value, rule", [
     ("retry", ["eror"], r"measured.retry=\['eror'\]: must be a list of the statuses"),
+    ("prescreen", 5, r"measured.prescreen=5: must be a name \(e.g. 'analytic'\)"),
     ("top_k", 2.5, r"measured.top_k=2.5: must be a positive integer"),
     # null fell back to measurements.csv in the working folder, unsaid.
     ("measurements", None, r"measured.measurements=None: must be the path of the "

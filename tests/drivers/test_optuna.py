@@ -406,6 +406,21 @@ def test_a_measured_warm_start_is_refused_before_it_launches_anything(
     assert counting.priced() == []
 
 
+@pytest.mark.parametrize("warm_start, message", [
+    # Not "cost_models.path=...": that sets the searched model, not the warm start's.
+    ("replay", "driver.warm_start=replay: the replay cost model needs 'path', a measurement "
+               "file (CSV or Parquet, docs/measurements.md); e.g. a YAML file of its own"),
+    ("anlytic", "driver.warm_start=anlytic: unknown cost model 'anlytic'; did you mean "
+                "'analytic'?"),
+])
+def test_a_wrong_warm_start_is_named_by_its_setting(counting: CountingModel, warm_start: str,
+                                                    message: str) -> None:
+    with pytest.raises(LayoutSearchError, match=re.escape(message)):
+        OptunaDriver(n_trials=3, warm_start=warm_start, progress=False).run(
+            make_problem(counting))
+    assert counting.priced() == []
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="needs fork")
 @pytest.mark.parametrize("storage", ["sqlite:///{dir}/study.db", "{dir}/study.log"])
 def test_workers_share_a_study_and_its_budget_without_pricing_a_layout_twice(

@@ -263,7 +263,7 @@ class OptunaDriver:
         """Queue the best feasible layouts by the `warm_start` cost model (once per study)."""
         if not self.warm_start:
             return
-        model = build_cost_model(self.warm_start)
+        model = build_cost_model(self.warm_start, setting="driver.warm_start")
         if isinstance(model, MeasuredCostModel):
             # Guessing prices every layout that passes the rules: as training runs, that is
             # the whole grid, not warm_start_top_k launches.
