@@ -68,6 +68,15 @@ class MegatronSettings:
     `slurm_setup`, ...), also written into sbatch scripts (`slurm_options`)."""
 
     def __post_init__(self) -> None:
+        # Words and environment as YAML writes them (numbers, a single word) become strings
+        # here, so that settings built in Python get the same checks as those from a file.
+        for name in ("torchrun", "extra_args"):
+            object.__setattr__(self, name, _arguments(f"megatron.{name}", getattr(self, name)))
+        object.__setattr__(self, "env", {
+            str(k): _env_value(f"megatron.env.{k}", v)
+            for k, v in _mapping("megatron.env", self.env).items()})
+        object.__setattr__(self, "slurm", {
+            str(k): v for k, v in _mapping("megatron.slurm", self.slurm).items()})
         if self.launcher not in LAUNCHERS:
             raise LayoutSearchError(
                 f"megatron.launcher={self.launcher!r}: must be one of {', '.join(LAUNCHERS)}"
@@ -140,7 +149,13 @@ class MegatronSettings:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], where: str = "megatron settings",
                   ) -> MegatronSettings:
-        return cls(**_coerce(values, where))
+        coerced = _coerce(values, where)
+        try:
+            return cls(**coerced)
+        except LayoutSearchError as error:
+            if where == "megatron settings":
+                raise
+            raise LayoutSearchError(f"{where}: {error}") from None  # which file says so
 
     @classmethod
     def load(cls, name_or_path: str | Path = "megatron") -> MegatronSettings:
@@ -185,16 +200,7 @@ def _coerce(values: Mapping[str, Any], where: str) -> dict[str, Any]:
             f"{where}: unknown setting(s) {', '.join(sorted(map(str, unknown)))}; "
             f"known: {', '.join(sorted(known))}"
         )
-    out = {k: v for k, v in values.items() if k != "_target_"}
-    for name in ("torchrun", "extra_args"):
-        if name in out:
-            out[name] = _arguments(f"{where}: {name}", out[name])
-    if "env" in out:
-        out["env"] = {str(k): _env_value(f"{where}: env.{k}", v)
-                      for k, v in _mapping(f"{where}: env", out["env"]).items()}
-    if "slurm" in out:
-        out["slurm"] = {str(k): v for k, v in _mapping(f"{where}: slurm", out["slurm"]).items()}
-    return out
+    return {k: v for k, v in values.items() if k != "_target_"}
 
 
 def _arguments(where: str, raw: Any) -> tuple[str, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 from megatron_study import STUDY_BEST, study_job, study_layout
@@ -390,6 +391,23 @@ def test_environment_names_are_checked_before_they_reach_a_script():
 def test_megatron_settings_of_the_wrong_type_name_the_setting(values, message):
     with pytest.raises(LayoutSearchError, match=message):
         MegatronSettings.from_dict(values)
+
+
+def test_megatron_settings_built_in_python_get_the_same_checks(tmp_path):
+    with pytest.raises(LayoutSearchError, match=r"megatron.env.NCCL_IB_DISABLE=True: must be "
+                                                r"a string or a number"):
+        MegatronSettings(env={"NCCL_IB_DISABLE": True})
+    with pytest.raises(LayoutSearchError, match=r"megatron.extra_args='--manual-gc --seed 7':"
+                                                r" must be a list of words"):
+        MegatronSettings().replace(extra_args="--manual-gc --seed 7")
+    built = MegatronSettings(extra_args=["--seed", 1234], env={"NCCL_IB_TIMEOUT": 22})
+    assert built.extra_args == ("--seed", "1234") and built.env == {"NCCL_IB_TIMEOUT": "22"}
+    # A file's mistake names the file.
+    path = tmp_path / "mine.yaml"
+    path.write_text("lr: -1.0\n")
+    with pytest.raises(LayoutSearchError, match=rf"{re.escape(str(path))}: megatron.lr=-1.0: "
+                                                r"must be a positive number"):
+        MegatronSettings.load(path)
 
 
 def test_megatron_settings_take_words_and_numbers_as_written_in_yaml():
