@@ -85,27 +85,30 @@ def test_the_megatron_settings_are_not_a_cost_model() -> None:
 
 
 def test_config_name_finds_the_shipped_constants_and_passes_over_other_files(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import shutil
-
+        tmp_path: Path) -> None:
     import layoutsearch.costs.analytic as analytic
-    from layoutsearch.paths import config_dir
+    from layoutsearch.paths import config_dir, config_folders
     shipped = build_cost_model("analytic")
     prior = build_cost_model("analytic_prior")
     assert isinstance(shipped, analytic.AnalyticCostModel)
     assert isinstance(prior, analytic.AnalyticCostModel)
     assert (shipped.config_name(), prior.config_name()) == ("analytic", "analytic_prior")
-    # A user's cost_models/ with broken or foreign files beside the analytic ones.
+    # A user's config folder with broken or foreign files beside a fit of their own.
     mine = tmp_path / "cost_models"
-    shutil.copytree(config_dir("cost_models"), mine)
+    mine.mkdir()
     (mine / "aaa_broken.yaml").write_text("gpus: [unclosed\n")
     (mine / "aab_list.yaml").write_text("- 1\n- 2\n")
     (mine / "aac_empty.yaml").write_text(
         "_target_: layoutsearch.costs.analytic.AnalyticCostModel\n")
-    monkeypatch.setattr(analytic, "config_dir", lambda group: tmp_path / group)
-    assert shipped.config_name() == "analytic"
-    (mine / "analytic_prior.yaml").unlink()
-    assert prior.config_name() is None  # read anew: a deleted config is not named
+    text = (config_dir("cost_models") / "analytic.yaml").read_text()
+    (mine / "my_fit.yaml").write_text(text.replace("gemm_efficiency: 0.752",
+                                                   "gemm_efficiency: 0.7", 1))
+    with config_folders([tmp_path]):
+        fit = build_cost_model("my_fit")
+        assert isinstance(fit, analytic.AnalyticCostModel)
+        assert (shipped.config_name(), fit.config_name()) == ("analytic", "my_fit")
+        (mine / "my_fit.yaml").unlink()
+        assert fit.config_name() is None  # read anew: a deleted config is not named
 
 
 def test_other_gpu_kinds_carry_over_to_a_published_megatron_run() -> None:
