@@ -43,7 +43,7 @@ from layoutsearch.drivers import build_driver
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.megatron import emit_megatron
-from layoutsearch.paths import config_dir, config_folders
+from layoutsearch.paths import config_dir, config_folders, option_mapping
 from layoutsearch.reporting import report as write_run_report
 from layoutsearch.reporting.sweep import (
     ERROR_FILE,
@@ -232,9 +232,10 @@ SPEC_FIELDS = {"model": ModelSpec, "cluster": ClusterSpec, "cluster.gpu": GPUSpe
 
 def _chosen_options(group: str, overrides: Sequence[Override]) -> list[str]:
     """The options of `group` the command selects: its `group=` choices, else the default."""
-    chosen = [choice for o in overrides if o.key_or_group == group for choice in _group_choices(o)]
-    if chosen:
-        return chosen
+    given = [o for o in overrides if o.key_or_group == group]
+    if given:
+        # A glob(...) sweep names no options here: none to check its settings against.
+        return [choice for o in given for choice in _group_choices(o)]
     primary = _primary_config()
     return [str(d[group]) for d in primary["defaults"] if isinstance(d, dict) and group in d]
 
@@ -245,8 +246,7 @@ def _option_config(group: str, option: str, extra: Sequence[Path] = ()) -> dict[
     for folder in (GROUP_DIRS[group](), *(folder / group for folder in extra)):
         path = folder / f"{option}.yaml"
         if path.is_file():
-            config = yaml.safe_load(path.read_text())
-            return config if isinstance(config, dict) else {}
+            return option_mapping(path) or {}
     return {}
 
 
@@ -397,11 +397,8 @@ def check_group_choices(argv: Sequence[str]) -> None:
               for group in SETTING_GROUPS}
     for override in overrides:
         check_key(override, known)
-        if extra is None:
-            continue
-        for group, swept in chosen.items():
-            check_setting_key(override, group, swept, extra)
-        if override.key_or_group not in GROUP_DIRS or override.type is OverrideType.DEL:
+        if extra is None or override.key_or_group not in GROUP_DIRS or (
+                override.type is OverrideType.DEL):
             continue
         options = group_options(override.key_or_group, extra)
         if override.value() in (None, ""):
@@ -413,6 +410,11 @@ def check_group_choices(argv: Sequence[str]) -> None:
                 raise LayoutSearchError(unknown_name_message(
                     override.key_or_group, choice, offered_options(override.key_or_group, extra)
                 ))
+    # After the options are known to exist: a misspelled one is named as such.
+    for override in overrides:
+        for group, swept in chosen.items():
+            if extra is not None:
+                check_setting_key(override, group, swept, extra)
 
 
 def resolved(cfg: DictConfig) -> dict[str, Any]:
@@ -459,7 +461,9 @@ def _app(cfg: DictConfig) -> None:
     output_dir = Path(hydra_config.runtime.output_dir)
     forget_job_outputs(output_dir)
     # Names in settings (cost_models.megatron=mine) are found where Hydra found the groups.
-    folders = [s.path for s in hydra_config.runtime.config_sources if s.schema == "file"]
+    # (Relative ones from where the command ran: hydra.job.chdir moves the job.)
+    folders = [Path(hydra_config.runtime.cwd) / s.path
+               for s in hydra_config.runtime.config_sources if s.schema == "file"]
     try:
         choice = hydra_config.runtime.choices.get("cost_models")
         with config_folders(folders):

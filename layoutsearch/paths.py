@@ -4,7 +4,8 @@ In a checkout (editable install) `search_spaces/` and `cost_models/` sit at the 
 root; a wheel carries them inside the package as `layoutsearch/_configs/` (see pyproject's
 force-include). A name given in a setting (`cost_models.megatron=mine`,
 `cost_models.prescreen=my_fit`) is looked up there and, while `config_folders` is in effect
-(the command's `--config-dir` and `hydra.searchpath`), in the user's folders too.
+(the command's `--config-dir` and the `file://` folders of `hydra.searchpath`), in the
+user's folders too.
 
     config_dir("cost_models") / "analytic.yaml"
     with config_folders([Path("my_configs")]):
@@ -19,6 +20,9 @@ import os
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 _PACKAGE = Path(__file__).resolve().parent
 _USER_FOLDERS: ContextVar[tuple[Path, ...]] = ContextVar("layoutsearch_config_folders",
@@ -54,6 +58,16 @@ def option_files(group: str) -> dict[str, Path]:
         for path in sorted(folder.glob("*.yaml")):
             files.setdefault(path.stem, path)
     return dict(sorted(files.items()))
+
+
+def option_mapping(path: Path) -> dict[str, Any] | None:
+    """An option file's YAML mapping; None for one that cannot be read or is no mapping (a
+    user's work in progress beside the options: Hydra reads only the option chosen)."""
+    try:
+        config = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def unwritable_file(path: str | Path) -> str | None:

@@ -269,6 +269,14 @@ def test_a_setting_of_one_option_of_a_sweep_is_refused_before_any_job(drivers: s
             "driver=grid in a command of its own")):
         check_group_choices(["-m", f"driver={drivers}", "driver.n_trials=5"])
     check_group_choices(["-m", "driver=optuna", "driver.n_trials=5,10"])
+    # A misspelled option is named as such, before or after the setting.
+    for argv in (["driver=optuna,optuan", "driver.n_trials=5"],
+                 ["driver.n_trials=5", "driver=optuna,optuan"]):
+        with pytest.raises(LayoutSearchError, match="unknown driver 'optuan'; did you mean "
+                                                    "'optuna'"):
+            check_group_choices(["-m", *argv])
+    # A glob names no options here: Hydra expands it, and checks its settings.
+    check_group_choices(["-m", "driver=glob(opt*)", "driver.n_trials=5"])
 
 
 def test_a_cost_model_setting_under_another_model_names_the_model_that_has_it() -> None:
@@ -421,6 +429,14 @@ def test_names_in_settings_are_found_in_the_users_config_folder(tmp_path: Path) 
         cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert len(list((tmp_path / "my_logs").glob("*.sh"))) == 1  # my_megatron's log_dir
+    # A file of the user's that is not YAML yet is passed over, as Hydra passes it over;
+    # and a relative folder is found from where the command ran, whatever the job's cwd.
+    (folder / "work_in_progress.yaml").write_text("a: [\n")
+    done = layoutsearch(
+        "hydra.job.chdir=true", "hydra.searchpath=[file://my_configs]",
+        "megatron=my_megatron", "model=llama_7b", "num_gpus=8", "global_batch_size=64", FAST,
+        f"hydra.run.dir={tmp_path / 'out3'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
     # Without the folder the names are unknown, and the message lists the shipped ones.
     done = layoutsearch("cost_models=measured", "cost_models.megatron=my_megatron",
                         f"hydra.run.dir={tmp_path / 'out2'}", cwd=tmp_path)

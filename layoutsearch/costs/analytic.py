@@ -19,14 +19,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from layoutsearch.costs.constants import AnalyticConstants, load_constants, parse_constants
 from layoutsearch.costs.memory import GIB, memory_breakdown
 from layoutsearch.costs.shapes import Array, Shapes
 from layoutsearch.costs.timing import time_breakdown
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.paths import option_files
+from layoutsearch.paths import option_files, option_mapping
 from layoutsearch.specs import ClusterSpec
 
 
@@ -66,13 +65,12 @@ class AnalyticCostModel:
         are not analytic configs, or not valid ones, are passed over."""
         mine = self.fingerprint()
         for name, path in option_files("cost_models").items():
+            config = option_mapping(path)
+            if config is None or config.get("_target_") != f"{__name__}.AnalyticCostModel":
+                continue
             try:
-                config = yaml.safe_load(path.read_text())
-                if not (isinstance(config, dict)
-                        and config.get("_target_") == f"{__name__}.AnalyticCostModel"):
-                    continue
                 constants = parse_constants(config, str(path))
-            except (yaml.YAMLError, LayoutSearchError):
+            except LayoutSearchError:
                 continue
             if AnalyticCostModel(constants).fingerprint() == mine:
                 return name

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
-from layoutsearch.paths import option_files
+from layoutsearch.paths import option_files, option_mapping
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -123,7 +123,7 @@ def constants_path(name_or_path: str | Path, target: str | None = None) -> Path:
     if str(name_or_path) not in files:
         # Cost models name their class; the Megatron-LM settings file beside them does not.
         names = [name for name, file in files.items()
-                 if (found := config_target(yaml.safe_load(file.read_text())))
+                 if (found := config_target(option_mapping(file)))
                  and (target is None or found == target)]
         kind = "analytic constants" if target == ANALYTIC_TARGET else "cost model"
         raise LayoutSearchError(unknown_name_message(kind, str(name_or_path), names))

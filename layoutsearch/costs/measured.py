@@ -420,9 +420,9 @@ class MeasuredCostModel:
                 if p.severity == "error"]
 
     def reprices(self, costs: Mapping[str, Any]) -> bool:
-        """Whether a layout priced in an earlier search is asked again: the measurement file,
-        not a study's stored trial, is the record. A trial that recorded nothing (a dry run,
-        a launch refused) is no price, and a status in `retry` is to be launched again."""
+        """Whether a layout priced in an earlier search is asked again (its file row read, or
+        launched): one that recorded nothing (a dry run, a refused launch, an exception) is
+        no price, and a status in `retry` is to be launched again."""
         status = str(costs.get("measured_status") or "")
         return status == "" or status in self.retry
 

@@ -21,7 +21,7 @@ import yaml
 
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.megatron.slurm_options import check_slurm_settings, check_submitit_values
-from layoutsearch.paths import option_files
+from layoutsearch.paths import option_files, option_mapping
 from layoutsearch.space import KNOBS
 
 LAUNCHERS = ("dry_run", "local", "slurm")
@@ -162,11 +162,13 @@ class MegatronSettings:
         """Settings from a `cost_models/` file by name, or from a YAML path."""
         path = Path(name_or_path)
         if path.suffix not in (".yaml", ".yml"):
-            names = settings_names()
-            if str(name_or_path) not in names:
+            found = option_files("cost_models").get(str(name_or_path))
+            config = None if found is None else option_mapping(found)
+            # A file of that name that cannot be read is read below, to say why.
+            if found is None or (config is not None and "megatron_path" not in config):
                 raise LayoutSearchError(unknown_name_message(
-                    "Megatron-LM settings", str(name_or_path), names))
-            path = option_files("cost_models")[str(name_or_path)]
+                    "Megatron-LM settings", str(name_or_path), settings_names()))
+            path = found
         elif not path.is_file():
             raise LayoutSearchError(f"megatron={str(path)!r}: no such settings file")
         try:
@@ -181,7 +183,7 @@ class MegatronSettings:
 def settings_names() -> list[str]:
     """The `cost_models/` files that are Megatron-LM settings (they name megatron_path)."""
     return [name for name, path in option_files("cost_models").items()
-            if "megatron_path" in (yaml.safe_load(path.read_text()) or {})]
+            if "megatron_path" in (option_mapping(path) or {})]
 
 
 def _coerce(values: Mapping[str, Any], where: str) -> dict[str, Any]:

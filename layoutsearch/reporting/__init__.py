@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.reporting.explain import require_ranking
 from layoutsearch.reporting.markdown import TOP_K, write_report
 from layoutsearch.reporting.study_rules import StudyCheck, check_study_rules
 
@@ -31,6 +32,7 @@ def report(result: pd.DataFrame, out_dir: str | Path | None = None, *,
             f"returned, not a {type(result).__name__}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise LayoutSearchError(f"report(top_k={top_k!r}): must be an integer >= 1")
+    require_ranking(result, "report(result)")
     if "job" not in result.attrs:
         raise LayoutSearchError(
             "report(result): result.attrs['job'] is missing; pass the frame layoutsearch.search "

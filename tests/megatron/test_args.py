@@ -10,11 +10,13 @@ from megatron_study import STUDY_BEST, study_job, study_layout
 
 import layoutsearch
 from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
+from layoutsearch.costs import build_cost_model
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.megatron import MegatronSettings, build_command, parse_argv, validate_argv
 from layoutsearch.megatron.args import NVTE_ATTENTION
 from layoutsearch.megatron.inverse import row_of_argv
+from layoutsearch.paths import config_dir, config_folders
 from layoutsearch.rules import violations
 from layoutsearch.specs import Job
 
@@ -451,3 +453,19 @@ def test_a_fused_layout_the_kernel_does_not_take_is_not_exact(seq, tp, why, fix)
     assert any(why in note and "torch attention" in note for note in command.notes)
     fixed = build_command(study_layout(64, tp, 1, **{**asked, **fix}), job)
     assert not any("torch attention" in note for note in fixed.notes)
+
+
+def test_a_users_unreadable_file_beside_the_settings_is_passed_over(tmp_path):
+    (tmp_path / "cost_models").mkdir()
+    (tmp_path / "cost_models" / "wip.yaml").write_text("a: [\n")
+    (tmp_path / "cost_models" / "number.yaml").write_text("5\n")
+    with config_folders([tmp_path]):
+        assert MegatronSettings.load("megatron") == MegatronSettings.load(
+            config_dir("cost_models") / "megatron.yaml")
+        with pytest.raises(LayoutSearchError, match="unknown Megatron-LM settings 'megatrn'; "
+                                                    "did you mean 'megatron'"):
+            MegatronSettings.load("megatrn")
+        with pytest.raises(LayoutSearchError, match="unknown cost model 'anlytic'"):
+            build_cost_model("anlytic")
+        with pytest.raises(LayoutSearchError, match=r"wip.yaml' is not valid YAML"):
+            MegatronSettings.load("wip")  # the one named is read, to say why

@@ -123,7 +123,9 @@ def test_every_report_part_refuses_a_predict_frame_by_name(measurement_row) -> N
         "report(result)": lambda: write_report(predicted, Path("unused")),
         "compare(other)": lambda: compare(predicted.iloc[0], predicted.iloc[1]),
     }
-    for who, call in calls.items():
+    calls["layoutsearch.report"] = lambda: layoutsearch.report(predicted, Path("unused"))
+    for name, call in calls.items():
+        who = "report(result)" if name == "layoutsearch.report" else name
         with pytest.raises(LayoutSearchError, match=re.escape(
                 f"{who}: the ") + r"(frame|row) lacks the ranking's column\(s\) .*fits, "
                 r"reason \(a predict\(\) frame holds .*predicted_fits, predicted_reason"):

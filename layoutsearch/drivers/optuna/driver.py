@@ -11,9 +11,10 @@ to be asked again (`reprices`: a measured model's `retry` statuses), in which ca
 layout is queued first when the search starts. Either way the nearest layout that can
 still be evaluated is queued next (`layout_index.py`), so few-feasible spaces do not stall
 the search. A cost model that raises fails that trial (the error is kept in its user
-attributes) and the search goes on. Studies live in any optuna storage (`sqlite:///...`,
-a journal file, `postgresql://...`): a killed search resumes where it stopped and workers
-share a study. The package `drivers/optuna/` is the only code that imports optuna.
+attributes) and the search goes on; a later search asks that layout again if the cost model
+reprices what recorded nothing (a measured model). Studies live in any optuna storage
+(`sqlite:///...`, a journal file, `postgresql://...`): a killed search resumes where it
+stopped and workers share a study. The package `drivers/optuna/` is the only code that imports optuna.
 
     ranked = search(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
                     driver={"name": "optuna", "n_trials": 40, "warm_start": "analytic"})
