@@ -155,7 +155,8 @@ class SearchSpace:
         """Every layout of the space for `job`, one row each, job columns broadcast.
 
         dp is derived (0 where tp·pp·cp does not divide the GPUs; the rules reject those).
-        Sequence parallelism at tp = 1 is a no-op in Megatron-LM, so such twins are left out.
+        Sequence parallelism at tp = 1 is a no-op in Megatron-LM, so such twins are left out
+        (or, where the space has no "off" value, recorded as off).
         Text columns are categorical (a million rows score in a second); `results.rank`
         turns them back into plain strings for the user.
         """
@@ -171,7 +172,11 @@ class SearchSpace:
             else:
                 columns[knob] = np.asarray(values)[flat]
         table = pd.DataFrame(columns)
-        table = table[~(table["sequence_parallel"] & (table["tp"] == 1))]
+        no_op = table["sequence_parallel"] & (table["tp"] == 1)
+        if False in axes["sequence_parallel"]:
+            table = table[~no_op]
+        else:  # a space with sequence_parallel [true] alone: tp = 1 runs without it
+            table.loc[no_op, "sequence_parallel"] = False
         model_parallel = table["tp"] * table["pp"] * table["cp"]
         dp = np.where(job.num_gpus % model_parallel == 0, job.num_gpus // model_parallel, 0)
         table.insert(2, "dp", dp.astype(np.int64))

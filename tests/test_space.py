@@ -49,6 +49,13 @@ def test_candidates_are_the_product_minus_sp_twins_at_tp1(job: Job) -> None:
     assert not table.duplicated(subset=list(KNOBS)).any()
 
 
+def test_a_space_with_sequence_parallel_on_alone_keeps_its_tp1_layouts(job: Job) -> None:
+    # There is no "off" twin to keep: tp = 1 runs without it, as Megatron-LM does.
+    table = SearchSpace.load("paper").pin(sequence_parallel=[True], tp=[1, 2]).candidates(job)
+    assert len(table) == 2 * 5 * 4 * 4 * 2 * 2
+    assert (table["sequence_parallel"] == (table["tp"] > 1)).all()
+
+
 def test_dp_is_derived_and_job_columns_are_broadcast(job: Job) -> None:
     table = SearchSpace.load("paper").candidates(job)
     divides = 64 % (table["tp"] * table["pp"]) == 0

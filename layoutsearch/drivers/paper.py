@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.problem import SearchProblem
 from layoutsearch.progress import Progress
@@ -34,6 +35,8 @@ ATTENTION_PREFERENCE = ("flash2", "flash3", "flash1", "fused", "torch")
 RECOMPUTE_FALLBACK = ("none", "mlp", "full")
 """No checkpointing; if nothing fits, the MLP only (FlashAttention already recomputes
 attention), then every layer."""
+NO_RULE_LAYOUT = ("no candidate has the settings the study's rules pick (micro-batch 1 with "
+                  "recompute none, mlp or full)")
 RULE_COLUMN = "paper_rule"
 """The column that explains each row's part in the choice."""
 
@@ -84,6 +87,8 @@ class PaperChoice:
     """Index label of the chosen row in `priced`; None when nothing fits."""
     calls: int
     """How many times the pricing function was called."""
+    why: str
+    """Why the chosen row, or why none."""
 
     @property
     def row(self) -> pd.Series | None:
@@ -132,8 +137,8 @@ def paper_choice(candidates: pd.DataFrame, job: Job, evaluate: Evaluate) -> Pape
             why = _explain(job, fitting.loc[chosen], recompute, misses, fitting.iloc[1:])
             chosen, why = _raise_micro_batch(pool, price, fitting.loc[chosen], why)
             return _finish(price, pool, chosen, why)
-    if pool.empty:  # e.g. the rows an optuna search evaluated hold none the rules would pick
-        return _finish(price, pool, None, "no candidate has the settings the study's rules pick")
+    if not price.calls:  # e.g. a space without micro-batch 1, or an optuna search's rows
+        return _finish(price, pool, None, NO_RULE_LAYOUT)
     return _finish(price, pool, None,
                    "nothing fits under the study's rules: " + "; ".join(misses[-3:]))
 
@@ -142,12 +147,12 @@ def _finish(price: _Pricer, pool: pd.DataFrame, chosen: Any, why: str) -> PaperC
     rows = pd.concat(price.priced) if price.priced else pool.iloc[0:0].copy()
     if chosen is None:
         rows[RULE_COLUMN] = why
-        return PaperChoice(priced=rows, chosen=None, calls=price.calls)
+        return PaperChoice(priced=rows, chosen=None, calls=price.calls, why=why)
     rows[RULE_COLUMN] = [
         why if label == chosen else f"passed over by the rules: {reason or 'not the pick'}"
         for label, reason in zip(rows.index, rows["reason"].fillna(""), strict=True)
     ]
-    return PaperChoice(priced=rows, chosen=chosen, calls=price.calls)
+    return PaperChoice(priced=rows, chosen=chosen, calls=price.calls, why=why)
 
 
 def _explain(job: Job, row: pd.Series, recompute: str, misses: list[str],
@@ -214,6 +219,17 @@ class PaperDriver:
                 return scored
 
             choice = paper_choice(problem.candidates, problem.job, evaluate)
+        if not choice.calls:
+            # Nothing to price, so no answer to rank: the space is the mistake.
+            sizes = sorted(set(problem.candidates["micro_batch_size"]))
+            kinds = sorted(set(problem.candidates["recompute"]))
+            missing = [*(["micro_batch_size 1"] if 1 not in sizes else []),
+                       *(["a recompute of none, mlp or full"]
+                         if not set(kinds) & set(RECOMPUTE_FALLBACK) else [])]
+            raise LayoutSearchError(
+                f"driver=paper: {choice.why}; the space offers micro_batch_size {sizes} and "
+                f"recompute {kinds}: add {' and '.join(missing)}, or search this space with "
+                "driver=grid")
         return choice.frame()
 
 

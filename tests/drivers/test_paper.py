@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -153,3 +154,17 @@ def test_when_nothing_the_rules_pick_fits_the_message_points_to_the_grid() -> No
     assert ranked.attrs["message"].startswith(
         f"none of the {len(ranked)} layouts the paper driver evaluated (of 2240 in the space) "
         "fits; price every layout with driver=grid. Among those evaluated: no layout fits")
+
+
+@pytest.mark.parametrize("pins, missing", [
+    ({"micro_batch_size": [2, 4]}, "add micro_batch_size 1, or search"),
+    ({"search_space": "default", "recompute": ["selective"]},
+     "add a recompute of none, mlp or full, or search"),
+])
+def test_a_space_without_the_rules_settings_is_refused_by_name(pins, missing) -> None:
+    with pytest.raises(layoutsearch.LayoutSearchError,
+                       match=r"driver=paper: no candidate has the settings the study's rules "
+                             r"pick \(micro-batch 1 with recompute none, mlp or full\); the "
+                             r"space offers micro_batch_size .*" + re.escape(missing)):
+        layoutsearch.search(model="llama_7b", num_gpus=16, seq_length=2048,
+                            global_batch_size=256, driver="paper", **pins)

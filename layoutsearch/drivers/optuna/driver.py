@@ -14,7 +14,8 @@ the search. A cost model that raises fails that trial (the error is kept in its 
 attributes) and the search goes on; a later search asks that layout again if the cost model
 reprices what recorded nothing (a measured model). Studies live in any optuna storage
 (`sqlite:///...`, a journal file, `postgresql://...`): a killed search resumes where it
-stopped and workers share a study. The package `drivers/optuna/` is the only code that imports optuna.
+stopped and workers share a study. The package `drivers/optuna/` is the only code that
+imports optuna.
 
     ranked = search(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
                     driver={"name": "optuna", "n_trials": 40, "warm_start": "analytic"})
