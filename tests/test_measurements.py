@@ -128,7 +128,9 @@ def test_a_folder_is_not_a_measurement_file(tmp_path: Path) -> None:
         ("attention", "flash9", r"'flash9' must be one of torch, fused"),
         ("recompute", "half", r"'half' must be one of none"),
         ("status", "crashed", r"'crashed' must be one of ok, oom"),
-        ("mfu", 1.5, r"1\.5 must be in \(0, 1\] for a run with status ok"),
+        # A percentage: the study's MFU passes 1 at long context, never 2.
+        ("mfu", 45.0, r"45\.0 must be in \(0, 2\) for a run with status ok \(the study's "
+                      r"formula counts the masked half of causal attention"),
         ("step_time_s", -3.0, r"-3\.0 must be a positive number of seconds for a run with "
          "status ok"),
         ("step_time_s", "inf", r"inf must be a positive number of seconds for a run with "
@@ -155,7 +157,7 @@ def test_bad_values_name_row_and_column(
 @pytest.mark.parametrize(
     ("column", "value", "message"),
     [
-        ("mfu", 45.0, r"45\.0 must be in \(0, 1\] or empty \(a run with status oom\)"),
+        ("mfu", 45.0, r"45\.0 must be in \(0, 2\) or empty \(a run with status oom\)"),
         ("step_time_s", 0, r"0\.0 must be a positive number of seconds or empty \(a run with "
          r"status oom\)"),
     ],
@@ -324,3 +326,12 @@ def test_a_frame_is_named_by_its_index_label_also_after_a_sort(
     table = read_table(write(tmp_path, rows)).iloc[::-1]
     with pytest.raises(LayoutSearchError, match=r"runs.csv: line 3, column 'micro_batch_size'"):
         validate_measurements(table, source="runs.csv")
+
+
+def test_an_mfu_past_1_at_long_context_is_read_back(tmp_path: Path,
+                                                     measurement_row: dict[str, Any]) -> None:
+    # What a measured search records for a long-context run must resume it, not stop it.
+    row = {**measurement_row, "seq_length": 262144, "global_batch_size": 64, "mfu": 1.011}
+    path = tmp_path / "runs.csv"
+    pd.DataFrame([row]).to_csv(path, index=False)
+    assert read_measurements(path)["mfu"].tolist() == [1.011]
