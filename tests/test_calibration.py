@@ -130,6 +130,19 @@ def test_time_fit_recovers_a_known_gemm_efficiency():
     assert list(fitted) == ["a100_80gb"]  # no H100 rows: no H100 constants
 
 
+def test_free_names_time_constants_once_each():
+    runs = synthetic_runs(PRIOR["a100_80gb"])
+    # The memory fit sets every memory constant or none: naming one would change nothing.
+    with pytest.raises(LayoutSearchError, match=r"--free: logit_bytes is a memory constant, "
+                       r"which the memory fit sets with the others \(leave out --keep-memory\);"
+                       r" --free names time constants: .*gemm_efficiency"):
+        fit_constants(runs, PRIOR, ["logit_bytes"], fit_memory_constants=False)
+    # A name given twice is one constant, fitted as if given once.
+    once, twice = (fit_constants(runs, PRIOR, names, max_evals=20, fit_memory_constants=False)
+                   for names in (["gemm_efficiency"], ["gemm_efficiency", "gemm_efficiency"]))
+    assert once == twice
+
+
 def test_time_loss_charges_a_pair_predicted_in_the_wrong_order(monkeypatch):
     runs = synthetic_runs(PRIOR["a100_80gb"])
     ok = runs[(runs["status"] == "ok") & (runs["model"] == "llama_7b")]

@@ -113,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = _unwritable(args.out, args.measurements)
     if problem:
         parser.error(f"--out {args.out}: {problem}")  # before the fit, not after it
-    free = None if args.free is None else [n.strip() for n in args.free.split(",") if n.strip()]
+    free = None if args.free is None else list(dict.fromkeys(
+        n.strip() for n in args.free.split(",") if n.strip()))
     if free == []:  # not the default set: that is --free left out
         parser.error(f"--free {args.free!r}: names no constant; leave --free out to fit those "
                      "that move a predicted step time, or name them separated by commas")

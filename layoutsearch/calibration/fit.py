@@ -55,13 +55,23 @@ def _usable(rows: pd.DataFrame, clusters: Mapping[str, ClusterSpec]) -> pd.DataF
     return rows[measured & (reasons == "")]
 
 
-def _check_names(names: Sequence[str]) -> None:
+def _checked_free(names: Sequence[str]) -> list[str]:
+    """`--free` as time constants, each once: the memory fit sets the memory constants (all
+    of them, or none with `--keep-memory`), so naming one would change nothing."""
     known = set(PHYSICAL) | set(DISCRETE)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise LayoutSearchError(
             f"--free: unknown constant(s) {', '.join(unknown)}; constants: "
             f"{', '.join(sorted(known))}")
+    memory = [n for n in names if n in MEMORY_CONSTANTS]
+    if memory:
+        time_constants = sorted(known - set(MEMORY_CONSTANTS))
+        raise LayoutSearchError(
+            f"--free: {', '.join(memory)} is a memory constant, which the memory fit sets "
+            f"with the others (leave out --keep-memory); --free names time constants: "
+            f"{', '.join(time_constants)}")
+    return list(dict.fromkeys(names))
 
 
 def fit_constants(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
@@ -78,7 +88,7 @@ def fit_constants(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
     """
     clusters = dict(clusters or clusters_by_gpu())
     if free is not None:
-        _check_names(free)
+        free = _checked_free(free)
     for name, value, least in (("max_evals", max_evals, 1), ("memory_grid", memory_grid, 2)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise LayoutSearchError(f"{name}={value!r}: must be an integer >= {least}")
