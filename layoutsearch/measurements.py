@@ -166,6 +166,12 @@ def validate_measurements(frame: pd.DataFrame, source: str = "measurements",
     """
     if isinstance(gpus, str):
         gpus = [gpus]
+    repeated = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
+    if repeated:
+        # Which of the two would be the row's value? Neither can be taken on trust.
+        raise LayoutSearchError(
+            f"{source}: column(s) {', '.join(map(repr, repeated))} appear more than once; "
+            "keep one of each (a measurement row has one value per column)")
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         hints = "".join(f"; column {column!r} looks like {' or '.join(close)}"

@@ -335,3 +335,11 @@ def test_an_mfu_past_1_at_long_context_is_read_back(tmp_path: Path,
     path = tmp_path / "runs.csv"
     pd.DataFrame([row]).to_csv(path, index=False)
     assert read_measurements(path)["mfu"].tolist() == [1.011]
+
+
+def test_a_repeated_column_is_named(measurement_row: dict[str, Any]) -> None:
+    frame = pd.DataFrame([measurement_row])
+    doubled = pd.concat([frame, frame[["tp"]]], axis=1)
+    with pytest.raises(LayoutSearchError, match=r"frame: column\(s\) 'tp' appear more than "
+                                                r"once; keep one of each"):
+        predict(doubled)
