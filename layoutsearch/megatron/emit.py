@@ -80,9 +80,11 @@ def write_launch_scripts(ranked: pd.DataFrame, job: Job, out_dir: str | Path,
         elif len(chosen) < top_k:
             chosen[key] = (rank, row, command, [])
     paths: list[Path] = []
+    # Ranks of one width, so that a listing (and `for f in *.sh`) goes in rank order.
+    width = max([2, *(len(str(rank)) for rank, *_ in chosen.values())])
     for rank, row, command, twins in chosen.values():
         layout = Layout.from_row(row)
-        name = f"{rank:02d}_" + layout.describe().replace(" ", "_").replace("=", "-") \
+        name = f"{rank:0{width}d}_" + layout.describe().replace(" ", "_").replace("=", "-") \
             .replace("+", "-")
         mfu = row.get("mfu")
         label = f"rank {rank}: {layout.describe()}" + (

@@ -331,6 +331,10 @@ def test_ranked_results_carry_commands_and_scripts(tmp_path):
     paths = write_launch_scripts(ranked, job, tmp_path, top_k=5)
     assert len(paths) == 5 and paths[0].name.startswith("01_")
     assert all(p.stat().st_mode & 0o111 for p in paths)
+    # Past rank 99 every name takes three digits: a listing stays in rank order.
+    many = write_launch_scripts(ranked, job, tmp_path / "many", top_k=120)
+    assert len(many) == 120 and many[0].name.startswith("001_")
+    assert sorted(many, key=lambda p: p.name) == many
 
 
 def test_dry_run_writes_a_script_and_measures_nothing(tmp_path):
