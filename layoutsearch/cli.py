@@ -417,6 +417,23 @@ def check_group_choices(argv: Sequence[str]) -> None:
                 check_setting_key(override, group, swept, extra)
 
 
+OUTPUT_DIRS = ("hydra.run.dir", "hydra.sweep.dir")
+"""Where Hydra writes a run's or a sweep's outputs: folders it makes."""
+
+
+def check_output_dirs(argv: Sequence[str]) -> None:
+    """Refuse an output folder that is a file, before Hydra fails to make it with a
+    traceback; one written with `${...}` is Hydra's to resolve."""
+    _, overrides = _parsed(argv)
+    for override in overrides:
+        if override.key_or_group not in OUTPUT_DIRS or override.is_sweep_override():
+            continue
+        value = override.value()
+        if isinstance(value, str) and "${" not in value and Path(value).is_file():
+            raise LayoutSearchError(f"{override.key_or_group}={value}: is a file; the outputs "
+                                    "go into a folder (name a new or existing folder)")
+
+
 def resolved(cfg: DictConfig) -> dict[str, Any]:
     """The job's settings with every `${...}` resolved; one that cannot be is named."""
     try:
@@ -496,6 +513,7 @@ def main() -> None:
     """Console-script entry point (`layoutsearch ...`)."""
     try:
         check_group_choices(sys.argv[1:])
+        check_output_dirs(sys.argv[1:])
     except LayoutSearchError as error:
         _fail(error)
     sys.argv[1:] = settable_spec_fields(sys.argv[1:])

@@ -24,6 +24,7 @@ from layoutsearch import search
 from layoutsearch.cli import (
     GROUP_DIRS,
     check_group_choices,
+    check_output_dirs,
     group_options,
     report,
     run,
@@ -442,3 +443,14 @@ def test_names_in_settings_are_found_in_the_users_config_folder(tmp_path: Path) 
                         f"hydra.run.dir={tmp_path / 'out2'}", cwd=tmp_path)
     assert done.returncode == 2
     assert "unknown Megatron-LM settings 'my_megatron'" in done.stderr
+
+
+@pytest.mark.parametrize("setting", ["hydra.run.dir", "hydra.sweep.dir"])
+def test_an_output_folder_that_is_a_file_is_refused(tmp_path: Path, setting: str) -> None:
+    afile = tmp_path / "notes.txt"
+    afile.write_text("kept\n")
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            f"{setting}={afile}: is a file; the outputs go into a folder")):
+        check_output_dirs([f"{setting}={afile}"])
+    check_output_dirs([f"{setting}={tmp_path / 'new'}", "hydra.run.dir=out/${now:%H}"])
+    assert afile.read_text() == "kept\n"
