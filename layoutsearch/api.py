@@ -136,7 +136,8 @@ def search(
         space = space.pin(**pins)
     clusters = {**clusters_by_gpu(), job.cluster.gpu.name: job.cluster}
     scorer = build_cost_model(cost_model)
-    settings = _megatron_settings(megatron, scorer)  # a wrong one fails before the search
+    # A wrong one fails before the search.
+    settings = _megatron_settings(megatron, scorer, job.cluster.gpu.name)
     problem = SearchProblem.build(job, space, scorer, clusters)
     searcher = build_driver(driver)
     ranked = _dry_run_scripts_first(rank(searcher.run(problem)))
@@ -199,12 +200,19 @@ def _dry_run_scripts_first(ranked: pd.DataFrame) -> pd.DataFrame:
     return order.reset_index(drop=True)
 
 
-def _megatron_settings(megatron: SettingsSpec, scorer: CostModel) -> MegatronSettings:
+def _megatron_settings(megatron: SettingsSpec, scorer: CostModel, gpu: str,
+                       ) -> MegatronSettings:
     """The settings the `megatron_args` column is built with: those named, else the ones a
-    measured cost model launches with, so the column is the command that ran."""
+    measured cost model launches with, so the column is the command that ran. Under an
+    analytic model the gradient reduce, unless the settings fix it, is the one it priced
+    (`gradient_bytes` 2: --grad-reduce-in-bf16)."""
     if megatron is None and isinstance(scorer, MeasuredCostModel):
         return scorer.settings
-    return resolve_settings(megatron)
+    settings = resolve_settings(megatron)
+    if (settings.grad_reduce_in_bf16 is None and isinstance(scorer, AnalyticCostModel)
+            and gpu in scorer.constants):
+        return settings.replace(grad_reduce_in_bf16=scorer.constants[gpu].gradient_bytes == 2)
+    return settings
 
 
 def _close_call_note(ranked: pd.DataFrame, scorer: CostModel, searcher: Driver, job: Job,

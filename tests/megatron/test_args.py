@@ -469,3 +469,18 @@ def test_a_users_unreadable_file_beside_the_settings_is_passed_over(tmp_path):
             build_cost_model("anlytic")
         with pytest.raises(LayoutSearchError, match=r"wip.yaml' is not valid YAML"):
             MegatronSettings.load("wip")  # the one named is read, to say why
+
+
+def test_the_gradient_reduce_in_the_command_is_the_one_the_ranking_priced():
+    job = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048, tp=1,
+               pp=2, micro_batch_size=1, attention="flash2", recompute="none",
+               rmsnorm_kernel=True)
+    flags = {}
+    for cost_model in ("analytic", "analytic_prior"):  # gradient_bytes 2 and 4
+        best = layoutsearch.search(cost_model=cost_model, **job).iloc[0]
+        flags[cost_model] = "--grad-reduce-in-bf16" in best["megatron_args"]
+    assert flags == {"analytic": True, "analytic_prior": False}
+    # Settings that fix it win.
+    pinned = layoutsearch.search(cost_model="analytic_prior", megatron={
+        "grad_reduce_in_bf16": True}, **job).iloc[0]
+    assert "--grad-reduce-in-bf16" in pinned["megatron_args"]
