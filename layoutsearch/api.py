@@ -25,7 +25,7 @@ from layoutsearch.errors import LayoutSearchError, closest_names
 from layoutsearch.layout import Layout
 from layoutsearch.measurements import read_table, validate_measurements
 from layoutsearch.megatron import with_megatron_args
-from layoutsearch.megatron.args import build_command
+from layoutsearch.megatron.args import build_command, reduces_in_bf16
 from layoutsearch.megatron.emit import SettingsSpec
 from layoutsearch.megatron.launchers import DRY_RUN_WROTE
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
@@ -211,7 +211,8 @@ def _megatron_settings(megatron: SettingsSpec, scorer: CostModel, gpu: str,
     settings = resolve_settings(megatron)
     if (settings.grad_reduce_in_bf16 is None and isinstance(scorer, AnalyticCostModel)
             and gpu in scorer.constants):
-        return settings.replace(grad_reduce_in_bf16=scorer.constants[gpu].gradient_bytes == 2)
+        return settings.replace(
+            grad_reduce_in_bf16=reduces_in_bf16(scorer.constants[gpu].gradient_bytes))
     return settings
 
 

@@ -411,10 +411,11 @@ def check_group_choices(argv: Sequence[str]) -> None:
                     override.key_or_group, choice, offered_options(override.key_or_group, extra)
                 ))
     # After the options are known to exist: a misspelled one is named as such.
+    if extra is None:
+        return
     for override in overrides:
         for group, swept in chosen.items():
-            if extra is not None:
-                check_setting_key(override, group, swept, extra)
+            check_setting_key(override, group, swept, extra)
 
 
 OUTPUT_DIRS = ("hydra.run.dir", "hydra.sweep.dir")

@@ -25,7 +25,13 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from layoutsearch.calibration.fit import FIDELITY_COLUMNS, cross_validate, fit_constants, scored
+from layoutsearch.calibration.fit import (
+    FIDELITY_COLUMNS,
+    checked_free,
+    cross_validate,
+    fit_constants,
+    scored,
+)
 from layoutsearch.calibration.memory import GRID
 from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs.constants import CONSTANTS_SUFFIXES, AnalyticConstants, load_constants
@@ -113,8 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = _unwritable(args.out, args.measurements)
     if problem:
         parser.error(f"--out {args.out}: {problem}")  # before the fit, not after it
-    free = None if args.free is None else list(dict.fromkeys(
-        n.strip() for n in args.free.split(",") if n.strip()))
+    free = None if args.free is None else [n.strip() for n in args.free.split(",") if n.strip()]
     if free == []:  # not the default set: that is --free left out
         parser.error(f"--free {args.free!r}: names no constant; leave --free out to fit those "
                      "that move a predicted step time, or name them separated by commas")
@@ -122,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "fit_memory_constants": not args.keep_memory}
     clusters = clusters_by_gpu()
     try:
+        free = None if free is None else checked_free(free)  # as the provenance names them
         rows = read_measurements(args.measurements, gpus=clusters)
         base = load_constants(args.base)
         rows = _rows_of_base_kinds(rows, base, args.base)

@@ -55,7 +55,7 @@ def _usable(rows: pd.DataFrame, clusters: Mapping[str, ClusterSpec]) -> pd.DataF
     return rows[measured & (reasons == "")]
 
 
-def _checked_free(names: Sequence[str]) -> list[str]:
+def checked_free(names: Sequence[str]) -> list[str]:
     """`--free` as time constants, each once: the memory fit sets the memory constants (all
     of them, or none with `--keep-memory`), so naming one would change nothing."""
     known = set(PHYSICAL) | set(DISCRETE)
@@ -88,7 +88,7 @@ def fit_constants(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
     """
     clusters = dict(clusters or clusters_by_gpu())
     if free is not None:
-        free = _checked_free(free)
+        free = checked_free(free)
     for name, value, least in (("max_evals", max_evals, 1), ("memory_grid", memory_grid, 2)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise LayoutSearchError(f"{name}={value!r}: must be an integer >= {least}")

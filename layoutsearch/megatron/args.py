@@ -83,12 +83,18 @@ def _analytic_gradient_bytes() -> dict[str, float]:
     return {gpu: c.gradient_bytes for gpu, c in load_constants("analytic").items()}
 
 
+def reduces_in_bf16(gradient_bytes: float) -> bool:
+    """Whether constants pricing gradients at `gradient_bytes` per value price Megatron-LM's
+    `--grad-reduce-in-bf16` (2 bytes), not its fp32 reduce (4)."""
+    return gradient_bytes == 2.0
+
+
 def _grad_reduce_in_bf16(settings: MegatronSettings, gpu: str) -> bool:
     # The analytic model prices the data-parallel reduce at `gradient_bytes` per value; a
     # measured run must do the same, so by default the flag follows the constant.
     if settings.grad_reduce_in_bf16 is not None:
         return settings.grad_reduce_in_bf16
-    return _analytic_gradient_bytes().get(gpu, 2.0) == 2.0
+    return reduces_in_bf16(_analytic_gradient_bytes().get(gpu, 2.0))
 
 
 def _model_args(model: ModelSpec, seq_length: int) -> list[str]:
