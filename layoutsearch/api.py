@@ -26,7 +26,7 @@ from layoutsearch.layout import Layout
 from layoutsearch.measurements import read_table, validate_measurements
 from layoutsearch.megatron import with_megatron_args
 from layoutsearch.megatron.args import build_command, reduces_in_bf16
-from layoutsearch.megatron.emit import SettingsSpec
+from layoutsearch.megatron.emit import SettingsSpec, check_settings
 from layoutsearch.megatron.launchers import DRY_RUN_WROTE
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.problem import SearchProblem
@@ -139,6 +139,7 @@ def search(
     # A wrong one fails before the search.
     settings = _megatron_settings(megatron, scorer, job.cluster.gpu.name)
     problem = SearchProblem.build(job, space, scorer, clusters)
+    check_settings(problem.feasible_candidates(), job, settings)
     searcher = build_driver(driver)
     ranked = _dry_run_scripts_first(rank(searcher.run(problem)))
     fitting = ranked.index[ranked["fits"].eq(True)][:MEGATRON_ARGS_ROWS]

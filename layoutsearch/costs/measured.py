@@ -43,11 +43,11 @@ from layoutsearch.megatron.args import (
     command_of_row,
     job_of_row,
 )
+from layoutsearch.megatron.checks import every_command_rejected, extra_args_at_fault, rejection
 from layoutsearch.megatron.inverse import row_of_argv
 from layoutsearch.megatron.launchers import Launcher, Trial, build_launcher
 from layoutsearch.megatron.logs import LogResult, parse_log
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
-from layoutsearch.megatron.validation import Problem, validate_argv
 from layoutsearch.paths import unwritable_file
 from layoutsearch.specs import ClusterSpec
 
@@ -298,30 +298,18 @@ class MeasuredCostModel:
         command = command_of_row(row, clusters, self.settings)
         if command.notes:
             return "not measured: " + command.notes[0]
-        errors = self._argv_errors(command)
-        if errors and self.settings.extra_args and not self._argv_errors(
-                command_of_row(row, clusters, self.settings.replace(extra_args=()))):
-            # The settings' own flags break every command: a setup problem, not the layout's.
+        error = rejection(command, self.launcher.environment(command))
+        if error and extra_args_at_fault(lambda settings: command_of_row(row, clusters, settings),
+                                         self.settings, self.launcher.environment):
+            cause = every_command_rejected(self.settings, error)
             raise LayoutSearchError(
-                f"cost_models=measured cannot launch: with the Megatron-LM settings' "
-                f"extra_args {list(self.settings.extra_args)}, Megatron-LM would reject every "
-                f"command ({errors[0]}). Commands measure on synthetic data (--mock-data "
-                f"with a NullTokenizer, so that a trial needs no dataset); nothing was "
-                f"launched, and the measurements in {self.file.path} are kept")
-        if errors:
-            return f"not measured: Megatron-LM would reject the command: {errors[0]}"
+                f"cost_models=measured cannot launch: {cause}; nothing was launched, and the "
+                f"measurements in {self.file.path} are kept")
+        if error:
+            return f"not measured: Megatron-LM would reject the command: {error}"
+        # The settings cannot change the layout a command runs (MegatronSettings refuses
+        # that), but the launcher's environment (the user's shell) can.
         otherwise = self._runs_otherwise(command, row)
-        if otherwise and self.settings.extra_args and not self._runs_otherwise(
-                command_of_row(row, clusters, self.settings.replace(extra_args=())), row):
-            # Megatron-LM keeps the last of a repeated flag, and some flags set others
-            # (--recompute-activations sets selective recompute): every row would be recorded
-            # as a layout other than the one that ran.
-            raise LayoutSearchError(
-                f"cost_models=measured cannot launch: the Megatron-LM settings' extra_args "
-                f"{list(self.settings.extra_args)} change the layout each command runs "
-                f"({otherwise[0]}), so every measurement would be recorded under a layout "
-                f"that did not run. Choose that knob in the search space instead; nothing was "
-                f"launched, and the measurements in {self.file.path} are kept")
         if otherwise:
             return f"not measured: the command would run {otherwise[0]}"
         return ""
@@ -412,12 +400,6 @@ class MeasuredCostModel:
                   else "")
         _tell(f"{self.launcher.name}: {name}: {result.status}{figure} (log {log_path})")
         return measured
-
-    def _argv_errors(self, command: MegatronCommand) -> list[Problem]:
-        """What Megatron-LM's own argument checks would refuse in the command (errors)."""
-        return [p for p in validate_argv(command.argv, env=self.launcher.environment(command),
-                                         world_size=command.num_gpus)
-                if p.severity == "error"]
 
     def reprices(self, costs: Mapping[str, Any]) -> bool:
         """Whether a layout priced in an earlier search is asked again (its file row read, or

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pandas as pd
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.megatron.args import MegatronCommand, build_command
+from layoutsearch.megatron.checks import every_command_rejected, extra_args_at_fault, rejection
 from layoutsearch.megatron.scripts import write_script
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.specs import Job
@@ -28,6 +30,28 @@ def _command(row: Mapping[str, Any], job: Job, settings: MegatronSettings,
     if layout.dp <= 0 or layout.dp * layout.model_parallel_size != job.num_gpus:
         return None  # the rules reject such rows; there is no command for them
     return build_command(layout, job, settings)
+
+
+def _settings_refusal(row: Mapping[str, Any], job: Job, settings: MegatronSettings,
+                      error: str) -> str:
+    """The message of a rejected command when the settings' extra flags are what Megatron-LM
+    rejects (every command then fails alike); "" when the layout's own command fails."""
+    build = partial(build_command, Layout.from_row(row), job)
+    if extra_args_at_fault(build, settings, lambda built: built.env):
+        return every_command_rejected(settings, error)
+    return ""
+
+
+def check_settings(candidates: pd.DataFrame, job: Job, settings: MegatronSettings) -> None:
+    """Refuse, before a search, Megatron-LM settings whose extra flags break the commands:
+    tried on the first of the rule-passing `candidates` (the same flags break them all)."""
+    for row in candidates.head(1).to_dict("records"):
+        record = {str(k): v for k, v in row.items()}
+        command = _command(record, job, settings)
+        error = rejection(command, command.env) if command else ""
+        refusal = _settings_refusal(record, job, settings, error) if error else ""
+        if refusal:
+            raise LayoutSearchError(f"{refusal}; nothing was searched")
 
 
 SCRIPTS_DIR = "megatron"
@@ -78,6 +102,13 @@ def write_launch_scripts(ranked: pd.DataFrame, job: Job, out_dir: str | Path,
         if key in chosen:
             chosen[key][3].append(f"rank {rank} ({Layout.from_row(row).describe()})")
         elif len(chosen) < top_k:
+            error = rejection(command, command.env)
+            if error:
+                # Checked before any file is written: a script that cannot start is no answer.
+                refusal = (_settings_refusal(row, job, resolved, error) or
+                           f"Megatron-LM would reject the command of rank {rank} "
+                           f"({Layout.from_row(row).describe()}): {error}")
+                raise LayoutSearchError(f"no launch scripts written: {refusal}")
             chosen[key] = (rank, row, command, [])
     paths: list[Path] = []
     # Ranks of one width, so that a listing (and `for f in *.sh`) goes in rank order.

@@ -118,6 +118,13 @@ class MegatronSettings:
                 raise LayoutSearchError(
                     f"megatron.env: {name!r} is not an environment variable name (letters, "
                     "digits and _, not starting with a digit); launch scripts export it as is")
+        # Imported here: the checks read Megatron-LM's parser, whose module builds commands
+        # from these settings.
+        from layoutsearch.megatron.checks import settings_conflicts
+
+        conflict = settings_conflicts(self.extra_args, self.env)
+        if conflict:
+            raise LayoutSearchError(conflict)
         check_slurm_settings(self.slurm)
         if self.launcher == "slurm":
             check_submitit_values(self.slurm)

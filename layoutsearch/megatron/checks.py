@@ -1,0 +1,141 @@
+"""Whether a command runs as built: checks shared by everything that hands one on.
+
+A command goes to Megatron-LM from three places: the measured cost model launches it, the
+`megatron_args` column shows it, and `emit=megatron` writes it into a script. Each must run
+the layout it was built for, so the same checks stand before all three:
+
+- a user's settings may not set a flag or variable that each command sets itself
+  (`settings_conflicts`): Megatron-LM keeps the last of a repeated flag, and the settings'
+  environment is exported after the layout's, so the run would be another layout;
+- Megatron-LM's own argument checks must pass (`rejection`), and when they fail only with
+  the settings' extra flags, the settings are at fault, not the layout
+  (`extra_args_at_fault`).
+
+    problem = settings_conflicts(settings.extra_args, settings.env)
+    error = rejection(command, command.env)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from layoutsearch.megatron.args import NVTE_ATTENTION, MegatronCommand
+from layoutsearch.megatron.settings import MegatronSettings
+from layoutsearch.megatron.validation import argument_parser, validate_argv
+
+_MODEL = {dest: f"model.{field}" for dest, field in {
+    "num_layers": "num_layers", "hidden_size": "hidden_size",
+    "ffn_hidden_size": "ffn_hidden_size", "num_attention_heads": "num_attention_heads",
+    "group_query_attention": "num_query_groups", "num_query_groups": "num_query_groups",
+    "max_position_embeddings": "max_position_embeddings",
+    "position_embedding_type": "position_embedding_type", "rotary_base": "rotary_base",
+    "use_rope_scaling": "rope_scaling_factor", "rope_scaling_factor": "rope_scaling_factor",
+    "normalization": "normalization", "swiglu": "swiglu",
+    "untie_embeddings_and_output_weights": "untie_embeddings",
+    "add_bias_linear": "add_bias_linear", "add_position_embedding": "position_embedding_type",
+    "vocab_size": "vocab_size",
+}.items()}
+SET_FROM: dict[str, str] = {
+    **_MODEL,
+    # Priced without dropout (costs/memory.py keeps no masks), as LLaMA trains.
+    "attention_dropout": "the priced model (no dropout)",
+    "hidden_dropout": "the priced model (no dropout)",
+    "mock_data": "the synthetic data commands measure on",
+    "tokenizer_type": "the synthetic data commands measure on",
+    "seq_length": "seq_length",
+    "global_batch_size": "global_batch_size",
+    "tensor_model_parallel_size": "the layout's tp",
+    "pipeline_model_parallel_size": "the layout's pp",
+    "decoder_first_pipeline_num_layers": "the layout's pp (layers per stage)",
+    "decoder_last_pipeline_num_layers": "the layout's pp (layers per stage)",
+    "num_layers_per_virtual_pipeline_stage": "the layout's vp",
+    "context_parallel_size": "the layout's cp",
+    "micro_batch_size": "the layout's micro_batch_size",
+    "sequence_parallel": "the layout's sequence_parallel",
+    "attention_backend": "the layout's attention",
+    "masked_softmax_fusion": "the layout's attention",
+    "transformer_impl": "the layout's attention and rmsnorm_kernel",
+    "no_persist_layer_norm": "the layout's attention and rmsnorm_kernel",
+    "recompute_activations": "the layout's recompute",
+    "recompute_granularity": "the layout's recompute",
+    "recompute_method": "the layout's recompute",
+    "recompute_num_layers": "the layout's recompute",
+    "recompute_modules": "the layout's recompute",
+    "use_distributed_optimizer": "the layout's distributed_optimizer",
+    "overlap_grad_reduce": "the layout's overlap_grad_reduce",
+    "overlap_param_gather": "the layout's overlap_grad_reduce",
+    "bf16": "bf16 training, the precision priced",
+    "fp16": "bf16 training, the precision priced",
+    "grad_reduce_in_bf16": "megatron.grad_reduce_in_bf16",
+    "train_iters": "megatron.train_iters",
+    "eval_iters": "megatron.train_iters (a run without evaluation)",
+    "eval_interval": "megatron.train_iters (a run without evaluation)",
+    "lr": "megatron.lr",
+    "min_lr": "megatron.lr",
+    "log_interval": "the log parser (a line every iteration)",
+    "log_throughput": "the log parser (TFLOP/s per GPU)",
+}
+"""The parsed flags every command sets (argparse `dest` -> what it is set from). A user's
+extra_args may not set them: argparse keeps the last of a repeated flag, so the run would
+not be the one ranked, and the measurement would be recorded under the wrong layout."""
+
+ENV_SET_FROM: dict[str, str] = {
+    **dict.fromkeys(NVTE_ATTENTION["auto"], "the layout's attention"),
+    "NVTE_MASKED_SOFTMAX_FUSION": "the layout's attention (0 for torch)",
+    # validate_args asserts it with tensor or context parallelism (before Blackwell).
+    "CUDA_DEVICE_MAX_CONNECTIONS": "the layout's tp and cp (1 where either is above 1)",
+}
+"""The environment variables commands set per layout. The settings' env is exported after
+the layout's, so it would override the switch that selects the layout's kernel."""
+
+
+def settings_conflicts(extra_args: Sequence[str], env: Mapping[str, str]) -> str:
+    """Why the settings' extra flags or environment would change the layout each command
+    runs ("" when they do not): they set what commands set from the layout and job."""
+    # argparse offers no public map from an option string to its action.
+    actions = argument_parser()._option_string_actions
+    flags = {flag: SET_FROM[action.dest]
+             for flag in (word.split("=", 1)[0] for word in extra_args)
+             if (action := actions.get(flag)) is not None and action.dest in SET_FROM}
+    if flags:
+        named = "; ".join(f"{flag} (from {owner})" for flag, owner in flags.items())
+        return (f"megatron.extra_args={list(extra_args)}: every command sets {named} itself, "
+                "and Megatron-LM keeps the last of a repeated flag, so the run would not be "
+                "the layout ranked; remove them, and choose a layout knob in the search "
+                "space, a model field with model.<field>, a run setting with "
+                "megatron.<field>")
+    names = [name for name in env if name in ENV_SET_FROM]
+    if names:
+        given = ", ".join(f"{name}={env[name]}" for name in names)
+        named = "; ".join(f"{name} (from {ENV_SET_FROM[name]})" for name in names)
+        return (f"megatron.env: {given}: every command sets {named} itself, and the "
+                "settings' environment would override it, so the run would not be the "
+                "layout ranked (or Megatron-LM would refuse it); remove it, and leave a "
+                "kernel out of the search space instead (e.g. attention=[fused,torch])")
+    return ""
+
+
+def rejection(command: MegatronCommand, env: Mapping[str, str]) -> str:
+    """Megatron-LM's first objection to the command in `env` ("" when it would start)."""
+    errors = [p for p in validate_argv(command.argv, env=env, world_size=command.num_gpus)
+              if p.severity == "error"]
+    return str(errors[0]) if errors else ""
+
+
+def extra_args_at_fault(build: Callable[[MegatronSettings], MegatronCommand],
+                        settings: MegatronSettings,
+                        environment: Callable[[MegatronCommand], Mapping[str, str]]) -> bool:
+    """Whether a rejected command would start without the settings' extra flags: then they
+    break every command, a setup problem rather than the layout's."""
+    if not settings.extra_args:
+        return False
+    bare = build(settings.replace(extra_args=()))
+    return not rejection(bare, environment(bare))
+
+
+def every_command_rejected(settings: MegatronSettings, error: str) -> str:
+    """The message of extra flags that Megatron-LM rejects in every command."""
+    return (f"with the Megatron-LM settings' extra_args {list(settings.extra_args)}, "
+            f"Megatron-LM would reject every command ({error}). Commands measure on "
+            "synthetic data (--mock-data with a NullTokenizer, so that a trial needs no "
+            "dataset)")

@@ -1,0 +1,126 @@
+"""The checks every command passes before it is launched, shown or written into a script."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import layoutsearch
+from layoutsearch.api import resolve_cluster, resolve_model
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.layout import Layout
+from layoutsearch.megatron import MegatronSettings, build_command, write_launch_scripts
+from layoutsearch.megatron.checks import SET_FROM
+from layoutsearch.megatron.validation import argument_parser
+from layoutsearch.specs import Job
+
+JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048)
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    # argparse keeps the last of a repeated flag: micro-batch 2 would run, not 1.
+    (["--micro-batch-size", "2"], "--micro-batch-size (from the layout's micro_batch_size)"),
+    (["--tensor-model-parallel-size=8"], "--tensor-model-parallel-size (from the layout's tp)"),
+    # validate_args turns it into selective recompute, whatever the layout asks.
+    (["--seed", "7", "--recompute-activations"], "--recompute-activations (from the layout's "
+                                                 "recompute)"),
+    (["--fp16"], "--fp16 (from bf16 training, the precision priced)"),
+    (["--train-iters", "50"], "--train-iters (from megatron.train_iters)"),
+])
+def test_extra_args_that_set_what_each_command_sets_are_refused(extra, named):
+    with pytest.raises(LayoutSearchError) as caught:
+        MegatronSettings(extra_args=extra)
+    message = str(caught.value)
+    assert message.startswith(f"megatron.extra_args={extra}: every command sets {named} itself")
+    assert "keeps the last of a repeated flag" in message
+    with pytest.raises(LayoutSearchError, match="every command sets"):
+        MegatronSettings().replace(extra_args=extra)  # built in Python, as from a file
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"NVTE_FLASH_ATTN": "0"}, "NVTE_FLASH_ATTN (from the layout's attention)"),
+    ({"NVTE_MASKED_SOFTMAX_FUSION": "0"}, "NVTE_MASKED_SOFTMAX_FUSION (from the layout's "
+                                          "attention (0 for torch))"),
+    ({"CUDA_DEVICE_MAX_CONNECTIONS": "8"}, "CUDA_DEVICE_MAX_CONNECTIONS (from the layout's tp "
+                                           "and cp (1 where either is above 1))"),
+])
+def test_environment_that_overrides_a_layout_switch_is_refused(env, named):
+    # The settings' env is exported after the layout's: with NVTE_FLASH_ATTN=0, every flash
+    # layout's command would be refused by Megatron-LM, and the ranking would not say so.
+    with pytest.raises(LayoutSearchError) as caught:
+        MegatronSettings(env={"NCCL_IB_TIMEOUT": "22", **env})
+    (name, value), = env.items()
+    assert str(caught.value).startswith(f"megatron.env: {name}={value}: every command sets "
+                                        f"{named} itself")
+    assert "attention=[fused,torch]" in str(caught.value)
+
+
+def test_flags_and_environment_commands_leave_alone_are_kept():
+    settings = MegatronSettings(
+        extra_args=("--no-gradient-accumulation-fusion", "--seed", "7", "--data-path", "x"),
+        env={"NCCL_IB_QPS_PER_CONNECTION": "4", "PYTHONPATH": "/opt/te"})
+    assert settings.extra_args[-2:] == ("--data-path", "x")
+
+
+def _commands() -> list[list[str]]:
+    """The argv of commands that between them emit every flag build_command knows."""
+    job = Job(model=resolve_model("llama2_70b", rope_scaling_factor=8.0),
+              cluster=resolve_cluster("h100_sxm"), num_gpus=96, seq_length=4096,
+              global_batch_size=512)
+    layouts = [
+        Layout(tp=8, pp=4, dp=3, vp=2, micro_batch_size=1, sequence_parallel=True,
+               attention="flash2", rmsnorm_kernel=True, recompute="full",
+               distributed_optimizer=True, overlap_grad_reduce=True),
+        Layout(tp=2, pp=3, dp=8, cp=2, micro_batch_size=2, attention="torch",
+               recompute="selective"),
+        Layout(tp=1, pp=1, dp=96, micro_batch_size=1, attention="torch", rmsnorm_kernel=False,
+               recompute="mlp", overlap_grad_reduce=True),
+    ]
+    settings = MegatronSettings(grad_reduce_in_bf16=True)
+    return [list(build_command(layout, job, settings).argv) for layout in layouts]
+
+
+def test_every_flag_a_command_sets_is_one_extra_args_may_not_set():
+    # So the list cannot fall behind build_command: a flag it emits that SET_FROM lacks
+    # could be set again by a user's extra_args, and the last one given would run.
+    actions = argument_parser()._option_string_actions
+    emitted = {actions[word].dest for argv in _commands() for word in argv
+               if word.startswith("--")}
+    assert emitted - set(SET_FROM) == set()
+    assert {"tensor_model_parallel_size", "decoder_first_pipeline_num_layers",
+            "context_parallel_size", "num_layers_per_virtual_pipeline_stage",
+            "use_rope_scaling", "masked_softmax_fusion", "grad_reduce_in_bf16"} <= emitted
+
+
+def test_a_search_with_extra_args_megatron_rejects_stops_before_searching():
+    # --data-path with the --mock-data every command carries: every command is refused, so
+    # no megatron_args cell of the ranking would start.
+    with pytest.raises(LayoutSearchError,
+                       match=r"^with the Megatron-LM settings' extra_args \['--data-path', 'x'\]"
+                             r", Megatron-LM would reject every command \(error: data_source: "
+                             r"--mock-data and --data-path exclude each other\).*nothing was "
+                             r"searched$"):
+        layoutsearch.search(megatron={"extra_args": ["--data-path", "x"]}, **JOB)
+
+
+def test_launch_scripts_are_written_only_when_their_commands_start(tmp_path: Path):
+    ranked = layoutsearch.search(**JOB)
+    job = ranked.attrs["job"]
+    with pytest.raises(LayoutSearchError,
+                       match=r"^no launch scripts written: with the Megatron-LM settings' "
+                             r"extra_args \['--data-path', 'x'\], Megatron-LM would reject "
+                             r"every command"):
+        write_launch_scripts(ranked, job, tmp_path / "out", top_k=3,
+                             settings={"extra_args": ["--data-path", "x"]})
+    assert not (tmp_path / "out").exists()
+    # A frame whose row breaks Megatron-LM's rules (40 heads over tp 16) is named by rank.
+    broken = ranked.head(1).assign(tp=16, pp=1, dp=4)
+    with pytest.raises(LayoutSearchError,
+                       match=r"^no launch scripts written: Megatron-LM would reject the "
+                             r"command of rank 1 \(tp16 .*\): error: heads_per_tp"):
+        write_launch_scripts(broken, job, tmp_path / "out", top_k=3)
+    assert not (tmp_path / "out").exists()
+    paths = write_launch_scripts(ranked, job, tmp_path / "out", top_k=3)
+    assert len(paths) == 3
+
