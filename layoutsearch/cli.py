@@ -49,8 +49,10 @@ from layoutsearch.reporting.sweep import (
     ERROR_FILE,
     NOTE_TAGS,
     RANKED_FILE,
+    SWEEPS_UNDER_WAY,
     collect_sweep,
     forget_job_outputs,
+    mark_sweep_end,
     mark_sweep_start,
     write_notes,
     write_summary,
@@ -448,6 +450,17 @@ def resolved(cfg: DictConfig) -> dict[str, Any]:
         ) from None
 
 
+INTERRUPTED_JOB = "interrupted (Ctrl-C) before this job finished; rerun it to rank its layouts"
+
+
+def _summarize(sweep_dir: Path) -> tuple[pd.DataFrame, Path]:
+    """Write the sweep's summary and say where: the table of its jobs, and its report."""
+    table = collect_sweep(sweep_dir)
+    path = write_summary(table, sweep_dir)
+    print(f"wrote {path} and {sweep_dir / 'multirun.csv'}")
+    return table, path
+
+
 class MultirunSummary(Callback):
     """Hydra callback (conf/layoutsearch.yaml): summarize the sweep when the multirun ends."""
 
@@ -460,12 +473,11 @@ class MultirunSummary(Callback):
         mark_sweep_start(self.sweep_dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        mark_sweep_end()
         sweep_dir = self.sweep_dir or Path(str(config.hydra.sweep.dir))
         if not sweep_dir.is_dir():
             return
-        table = collect_sweep(sweep_dir)
-        path = write_summary(table, sweep_dir)
-        print(f"wrote {path} and {sweep_dir / 'multirun.csv'}")
+        table, path = _summarize(sweep_dir)
         failed = int(table["error"].notna().sum()) if "error" in table else 0
         if failed:
             # After every job ran: the sweep's exit status says that some input was wrong.
@@ -486,6 +498,12 @@ def _app(cfg: DictConfig) -> None:
         choice = hydra_config.runtime.choices.get("cost_models")
         with config_folders(folders):
             ranked = run(resolved(cfg), output_dir, cost_model_name=f"cost_models={choice}")
+    except KeyboardInterrupt:
+        if hydra_config.mode == RunMode.MULTIRUN:
+            # The sweep's summary, written as it stops, shows this job as not finished.
+            output_dir.mkdir(parents=True, exist_ok=True)
+            (output_dir / ERROR_FILE).write_text(f"{INTERRUPTED_JOB}\n")
+        raise
     except LayoutSearchError as error:
         if hydra_config.mode != RunMode.MULTIRUN:
             _fail(error)
@@ -523,6 +541,10 @@ def main() -> None:
     except KeyboardInterrupt:
         # Ctrl-C is the user's choice, not a failure to explain with a traceback; what was
         # saved (a study, measurements) said so as it stopped.
+        for sweep_dir in SWEEPS_UNDER_WAY:
+            # The jobs that finished are answers: summarize them; those not started are
+            # left out of the table.
+            _summarize(sweep_dir)
         print("layoutsearch: interrupted", file=sys.stderr)
         sys.exit(INTERRUPTED_STATUS)
 

@@ -414,6 +414,27 @@ def test_ctrl_c_stops_an_optuna_search_without_a_traceback_and_says_how_to_resum
     assert stderr.rstrip().endswith("layoutsearch: interrupted")
 
 
+def test_ctrl_c_during_a_sweep_summarizes_the_jobs_that_finished(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    sweep_run = subprocess.Popen(
+        [sys.executable, "-m", "layoutsearch.cli", "--multirun", "driver=optuna",
+         "driver.n_trials=3,100000", f"driver.storage=sqlite:///{tmp_path / 'study.db'}",
+         "search_spaces=default", f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (sweep / "1").is_dir() and time.monotonic() < deadline:  # job 0 is done
+        time.sleep(0.2)
+    time.sleep(2.0)
+    sweep_run.send_signal(signal.SIGINT)
+    stdout, stderr = sweep_run.communicate(timeout=60)
+    assert sweep_run.returncode == 130 and "Traceback" not in stderr
+    assert f"wrote {sweep / 'multirun.md'}" in stdout
+    table = pd.read_csv(sweep / "multirun.csv")
+    assert table["job"].astype(str).tolist() == ["0", "1"]
+    assert bool(table.loc[0, "fits"]) and pd.isna(table.loc[0, "error"])
+    assert table.loc[1, "error"].startswith("interrupted (Ctrl-C) before this job finished")
+
+
 def test_names_in_settings_are_found_in_the_users_config_folder(tmp_path: Path) -> None:
     # Megatron-LM settings and a calibrated fit kept beside the user's own options.
     folder = tmp_path / "my_configs" / "cost_models"

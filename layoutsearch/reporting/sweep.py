@@ -54,10 +54,24 @@ EARLIER_JOBS = "earlier_jobs"
 """`table.attrs` entry: how many outputs of an earlier sweep into this directory were left out."""
 
 
+SWEEPS_UNDER_WAY: list[Path] = []
+"""The sweep directory of the `--multirun` under way in this process (set by
+`mark_sweep_start`, cleared by `mark_sweep_end`), so that a Ctrl-C, which ends the multirun
+without its end callback, can still summarize the jobs that finished (cli.py). Kept here,
+not in cli.py: `python -m layoutsearch.cli` runs that module as `__main__`, apart from the
+`layoutsearch.cli` that Hydra imports the callback from."""
+
+
 def mark_sweep_start(sweep_dir: Path) -> None:
     """Date the sweep now starting in `sweep_dir` (see SWEEP_START_FILE)."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / SWEEP_START_FILE).touch()
+    SWEEPS_UNDER_WAY[:] = [sweep_dir]
+
+
+def mark_sweep_end() -> None:
+    """The sweep under way has ended (its summary is the end callback's to write)."""
+    SWEEPS_UNDER_WAY.clear()
 
 
 def forget_job_outputs(job_dir: Path) -> None:
