@@ -206,11 +206,17 @@ def notes_key(ranked: pd.DataFrame) -> tuple[int, str]:
 
 def counts_line(ranked: pd.DataFrame) -> str:
     """'2240 layouts, 1712 priced, 1350 fit'; with the rows a sampling driver returned
-    ('2240 layouts, 50 tried, 50 priced, 42 fit') when it did not try the whole space."""
+    ('2240 layouts, 50 tried, 50 priced, 42 fit') when it did not try the whole space; and
+    of a selection of the search's rows, those shown ('400 shown of a search of 2240
+    layouts, 380 priced, 300 fit')."""
     size = int(ranked.attrs.get("space_size", len(ranked)))
+    priced = f"{int(ranked['mfu'].notna().sum())} priced, {int(ranked['fits'].sum())} fit"
+    returned = int(ranked.attrs.get(NOTED_FOR, (len(ranked), ""))[0])
+    if len(ranked) < returned:
+        # pandas copies attrs into a selection: the space size is the search's, not its own.
+        return f"{len(ranked)} shown of a search of {size} layouts, {priced}"
     tried = "" if len(ranked) == size else f", {len(ranked)} tried"
-    return (f"{size} layouts{tried}, {int(ranked['mfu'].notna().sum())} priced, "
-            f"{int(ranked['fits'].sum())} fit")
+    return f"{size} layouts{tried}, {priced}"
 
 
 def rank(scored: pd.DataFrame) -> pd.DataFrame:

@@ -10,6 +10,7 @@ import pandas as pd
 from layoutsearch.catalog import load_cluster, load_model
 from layoutsearch.layout import Layout
 from layoutsearch.results import (
+    NOTED_FOR,
     RESULT_COLUMNS,
     close_call_note,
     counts_line,
@@ -17,6 +18,7 @@ from layoutsearch.results import (
     headroom_note,
     mfu_convention_note,
     no_fit_message,
+    notes_key,
     rank,
 )
 from layoutsearch.specs import Job
@@ -191,6 +193,18 @@ def test_counts_say_when_a_driver_tried_part_of_the_space() -> None:
     assert counts_line(ranked) == "3 layouts, 2 priced, 1 fit"  # a grid: the whole space
     ranked.attrs["space_size"] = 2240
     assert counts_line(ranked) == "2240 layouts, 3 tried, 2 priced, 1 fit"
+
+
+def test_counts_of_a_selection_say_it_is_one() -> None:
+    # A filtered frame keeps the search's attrs (pandas copies them): its rows are not
+    # the layouts the search tried.
+    ranked = rank(scored([{"tp": 1, "mfu": 0.5, "fits": True}, {"tp": 2, "mfu": 0.4},
+                          {"tp": 4}]))
+    ranked.attrs.update({"space_size": 3, NOTED_FOR: notes_key(ranked)})
+    assert counts_line(ranked) == "3 layouts, 2 priced, 1 fit"
+    assert counts_line(ranked.iloc[::-1]) == "3 layouts, 2 priced, 1 fit"  # re-sorted
+    assert counts_line(ranked[ranked["tp"] > 1]) == \
+        "2 shown of a search of 3 layouts, 1 priced, 0 fit"
 
 
 def test_long_context_mfu_is_read_by_both_conventions() -> None:
