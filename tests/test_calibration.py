@@ -315,6 +315,20 @@ def test_kept_memory_constants_are_said_so_in_the_provenance(tmp_path):
     assert method.startswith("memory constants: kept from the base (--keep-memory); time")
 
 
+def test_memory_constants_no_row_pins_are_said_kept_in_the_provenance(tmp_path):
+    # Without a run that ran out of memory the memory fit is skipped (with a warning): the
+    # provenance must not say a grid chose the constants.
+    path = tmp_path / "runs.csv"
+    runs = synthetic_runs(PRIOR["a100_80gb"])
+    runs[runs["status"] == "ok"].to_csv(path, index=False)
+    out = tmp_path / "no_oom.yaml"
+    assert main([str(path), "--out", str(out), "--no-cv", "--free", "gemm_efficiency",
+                 "--max-evals", "5"]) == 0
+    method = yaml.safe_load(out.read_text())["provenance"]["method"]
+    assert method.startswith("memory constants: kept from the base (no row ran out of "
+                             "memory); time")
+
+
 def test_cli_writes_only_the_measured_gpu_kinds(tmp_path, capsys):
     path = tmp_path / "runs.csv"
     synthetic_runs(PRIOR["a100_80gb"]).to_csv(path, index=False)

@@ -30,6 +30,7 @@ from layoutsearch.calibration.fit import (
     checked_free,
     cross_validate,
     fit_constants,
+    memory_is_pinned,
     scored,
 )
 from layoutsearch.calibration.memory import GRID
@@ -149,8 +150,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"before ({args.base}):\n" + before_table[show].round(3).to_string(index=False))
     print("after (fitted on all jobs):\n" + after_table[show].round(3).to_string(index=False))
     print(f"summary before: {_figures(before)}\nsummary after:  {_figures(after)}")
-    memory_method = ("kept from the base (--keep-memory)" if args.keep_memory else
-                     "fewest wrong ok/oom calls, widest margin (grid)")
+    pinned = {str(gpu): memory_is_pinned(group) for gpu, group in rows.groupby("gpu")}
+    unpinned = [gpu for gpu, fitted_memory in pinned.items() if not fitted_memory]
+    memory_method = (
+        "kept from the base (--keep-memory)" if args.keep_memory
+        else "kept from the base (no row ran out of memory)" if len(unpinned) == len(pinned)
+        else "fewest wrong ok/oom calls, widest margin (grid)" + (
+            f"; kept from the base for {', '.join(unpinned)} (no row ran out of memory)"
+            if unpinned else ""))
     provenance: dict[str, Any] = {
         "data": str(Path(args.measurements).resolve()), "date": datetime.date.today().isoformat(),
         "rows": int(rows["status"].isin(["ok", "oom"]).sum()),

@@ -114,6 +114,13 @@ def fit_constants(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
     return fitted
 
 
+def memory_is_pinned(group: pd.DataFrame) -> bool:
+    """Whether one GPU kind's rows pin its memory constants: runs that fit beside runs that
+    did not. With one kind of outcome every memory constant agrees with all rows once pushed
+    far enough (all oom: 8 GiB of overhead "fits" perfectly)."""
+    return set(group["status"]) >= {"ok", "oom"}
+
+
 def _fit_kind(gpu: str, group: pd.DataFrame, base: Mapping[str, AnalyticConstants],
               free: Sequence[str] | None, clusters: Mapping[str, ClusterSpec], *,
               max_evals: int, memory_grid: int,
@@ -122,11 +129,8 @@ def _fit_kind(gpu: str, group: pd.DataFrame, base: Mapping[str, AnalyticConstant
     if gpu not in base:
         raise LayoutSearchError(f"the base constants have no GPU kind {gpu!r} to start from")
     start = base[gpu]
-    statuses = set(group["status"])
-    if not statuses >= {"ok", "oom"}:
-        # With one kind of outcome every memory constant agrees with all rows once pushed
-        # far enough (all oom: 8 GiB of overhead "fits" perfectly): nothing pins them.
-        if statuses == {"oom"}:
+    if not memory_is_pinned(group):
+        if set(group["status"]) == {"oom"}:
             raise LayoutSearchError(
                 f"{gpu}: every row has status oom, which pins no constant (the memory fit "
                 "needs runs that fit beside runs that did not; the time fit needs runs that "
