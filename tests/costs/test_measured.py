@@ -608,3 +608,20 @@ def test_an_optuna_search_whose_launches_all_failed_counts_what_it_evaluated(tmp
     assert "Among those evaluated: no layout fits: the 2 layouts launched failed: " in message
     assert message.endswith("(rejects 2 of 2 layouts)")
     assert "pass the rules" not in message
+
+
+def test_the_fake_runs_flash3_where_the_flash_backend_would_on_hopper(tmp_path):
+    # --attention-backend flash is one command for flash2 and flash3: on Hopper the fake,
+    # as Transformer Engine with flash_attn_interface installed, runs FlashAttention 3.
+    model = fake_measured_model(tmp_path, top_k=1, gpu="h100_sxm")
+    long_job = {**SMALL_JOB, "seq_length": 16384, "global_batch_size": 8}  # attention-bound
+    layout = dict(tp=1, pp=1, micro_batch_size=1, recompute="full", attention="flash3")
+    ranked = layoutsearch.search(cost_model=model, cluster="h100_sxm", **layout, **long_job)
+    measured = read_measurements(tmp_path / "measurements.csv")
+    assert model.launched == 1 and list(measured["attention"]) == ["flash3"]
+    step = float(measured["step_time_s"].iloc[0])
+    flash3, flash2 = (float(layoutsearch.search(cluster="h100_sxm", **{**layout, **kernel},
+                                                **long_job)["step_time_s"].iloc[0])
+                      for kernel in ({"attention": "flash3"}, {"attention": "flash2"}))
+    assert step == pytest.approx(flash3, rel=0.02) and float(ranked["step_time_s"][0]) == step
+    assert abs(step - flash2) > 0.1 * step

@@ -87,8 +87,11 @@ def main(argv: list[str]) -> None:
         _fail(kind)
     gpu = env.get("LAYOUTSEARCH_FAKE_GPU", "a100_80gb")
     clusters = clusters_by_gpu()
+    # As Transformer Engine does with --attention-backend flash: FlashAttention 3 where it
+    # is installed, which the fake takes to be every Hopper GPU.
+    flash_kernel = "flash3" if clusters[gpu].gpu.supports_flash3 else "flash2"
     row = row_of_argv(argv, env=env, world_size=world, gpu=gpu,
-                      gpus_per_node=clusters[gpu].gpus_per_node)
+                      gpus_per_node=clusters[gpu].gpus_per_node, flash_kernel=flash_kernel)
     model = AnalyticCostModel.load(env.get("LAYOUTSEARCH_FAKE_COST_MODEL", "analytic"))
     scored = model.score(pd.DataFrame([row]), clusters).iloc[0]
     capacity = clusters[gpu].gpu.memory_gib
