@@ -13,6 +13,7 @@ only module of the package that imports Hydra.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 import traceback
@@ -492,11 +493,15 @@ def _app(cfg: DictConfig) -> None:
     forget_job_outputs(output_dir)
     # Names in settings (cost_models.megatron=mine) are found where Hydra found the groups.
     # (Relative ones from where the command ran: hydra.job.chdir moves the job.)
-    folders = [Path(hydra_config.runtime.cwd) / s.path
+    launched_in = Path(hydra_config.runtime.cwd)
+    folders = [launched_in / s.path
                for s in hydra_config.runtime.config_sources if s.schema == "file"]
     try:
         choice = hydra_config.runtime.choices.get("cost_models")
-        with config_folders(folders):
+        # Paths a user gives (a settings file, measurements, a study's storage) mean the same
+        # with hydra.job.chdir=true: outputs go to output_dir by name, and a measurement file
+        # in each job's own folder would re-measure every layout in the next sweep.
+        with config_folders(folders), contextlib.chdir(launched_in):
             ranked = run(resolved(cfg), output_dir, cost_model_name=f"cost_models={choice}")
     except KeyboardInterrupt:
         if hydra_config.mode == RunMode.MULTIRUN:

@@ -435,6 +435,19 @@ def test_ctrl_c_during_a_sweep_summarizes_the_jobs_that_finished(tmp_path: Path)
     assert table.loc[1, "error"].startswith("interrupted (Ctrl-C) before this job finished")
 
 
+def test_relative_paths_mean_the_same_with_hydra_job_chdir(tmp_path: Path) -> None:
+    # hydra.job.chdir=true starts the job in its output folder: a settings file named from
+    # where the command ran must still be found there.
+    shipped = config_dir("cost_models") / "megatron.yaml"
+    (tmp_path / "site_megatron.yaml").write_text(
+        shipped.read_text().replace("extra_args: []", "extra_args: [--seed, '99']"))
+    done = layoutsearch("megatron=site_megatron.yaml", "hydra.job.chdir=true", FAST,
+                        f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    ranked = pd.read_csv(tmp_path / "run" / "ranked.csv")
+    assert ranked.loc[0, "megatron_args"].endswith("--seed 99")
+
+
 def test_names_in_settings_are_found_in_the_users_config_folder(tmp_path: Path) -> None:
     # Megatron-LM settings and a calibrated fit kept beside the user's own options.
     folder = tmp_path / "my_configs" / "cost_models"
