@@ -44,7 +44,7 @@ from layoutsearch.drivers import build_driver
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.megatron import emit_megatron
-from layoutsearch.paths import config_dir, config_folders, option_mapping
+from layoutsearch.paths import config_dir, config_folders, option_mapping, package_folder
 from layoutsearch.reporting import report as write_run_report
 from layoutsearch.reporting.sweep import (
     ERROR_FILE,
@@ -367,7 +367,8 @@ def check_key(override: Override, known: Mapping[str, list[str]]) -> None:
 def user_config_folders(args: argparse.Namespace,
                         overrides: Sequence[Override]) -> list[Path] | None:
     """The config folders the command adds (`--config-dir`, `hydra.searchpath=[...]` of
-    plain or `file://` paths); None where one cannot be listed (a `pkg://` entry)."""
+    plain, `file://` or `pkg://` paths); None where one cannot be listed (a `pkg://` entry
+    not on disk, another scheme)."""
     entries = [args.config_dir] if args.config_dir else []
     for override in overrides:
         if override.key_or_group == "hydra.searchpath":
@@ -375,9 +376,12 @@ def user_config_folders(args: argparse.Namespace,
             entries += [str(v) for v in value] if isinstance(value, list) else [str(value)]
     folders = []
     for entry in entries:
-        if "://" in entry and not entry.startswith("file://"):
+        folder = (package_folder(entry.removeprefix("pkg://")) if entry.startswith("pkg://")
+                  else None if "://" in entry and not entry.startswith("file://")
+                  else Path(entry.removeprefix("file://")).expanduser())
+        if folder is None:
             return None
-        folders.append(Path(entry.removeprefix("file://")).expanduser())
+        folders.append(folder)
     return folders
 
 
@@ -494,8 +498,9 @@ def _app(cfg: DictConfig) -> None:
     # Names in settings (cost_models.megatron=mine) are found where Hydra found the groups.
     # (Relative ones from where the command ran: hydra.job.chdir moves the job.)
     launched_in = Path(hydra_config.runtime.cwd)
-    folders = [launched_in / s.path
-               for s in hydra_config.runtime.config_sources if s.schema == "file"]
+    sources = hydra_config.runtime.config_sources
+    folders = [launched_in / s.path for s in sources if s.schema == "file"]
+    folders += [f for s in sources if s.schema == "pkg" and (f := package_folder(s.path))]
     try:
         choice = hydra_config.runtime.choices.get("cost_models")
         # Paths a user gives (a settings file, measurements, a study's storage) mean the same

@@ -4,8 +4,8 @@ In a checkout (editable install) `search_spaces/` and `cost_models/` sit at the 
 root; a wheel carries them inside the package as `layoutsearch/_configs/` (see pyproject's
 force-include). A name given in a setting (`cost_models.megatron=mine`,
 `cost_models.prescreen=my_fit`) is looked up there and, while `config_folders` is in effect
-(the command's `--config-dir` and the `file://` folders of `hydra.searchpath`), in the
-user's folders too.
+(the command's `--config-dir` and the `file://` and `pkg://` folders of
+`hydra.searchpath`), in the user's folders too.
 
     config_dir("cost_models") / "analytic.yaml"
     with config_folders([Path("my_configs")]):
@@ -16,6 +16,7 @@ user's folders too.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
@@ -48,6 +49,19 @@ def config_folders(folders: Iterable[str | Path]) -> Iterator[None]:
         yield
     finally:
         _USER_FOLDERS.reset(token)
+
+
+def package_folder(package: str) -> Path | None:
+    """The folder of a `pkg://` search-path entry (`my_project.conf`, a package or a folder
+    in one, as Hydra imports it); None where it cannot be found or is not a folder on disk
+    (a package inside a zip)."""
+    try:
+        spec = importlib.util.find_spec(package.replace("/", ".").rstrip("."))
+    except (ImportError, ValueError):
+        return None
+    # A package's folders; a folder without __init__.py (a namespace package) has them too.
+    folders = [Path(f) for f in (spec.submodule_search_locations or [])] if spec else []
+    return next((f for f in folders if f.is_dir()), None)
 
 
 def option_files(group: str) -> dict[str, Path]:

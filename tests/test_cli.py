@@ -7,6 +7,7 @@ tp in {1, 2} to keep each run well under a second.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -477,6 +478,32 @@ def test_names_in_settings_are_found_in_the_users_config_folder(tmp_path: Path) 
                         f"hydra.run.dir={tmp_path / 'out2'}", cwd=tmp_path)
     assert done.returncode == 2
     assert "unknown Megatron-LM settings 'my_megatron'" in done.stderr
+
+
+def test_options_in_a_package_on_the_search_path_are_found(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # hydra.searchpath=[pkg://my_project.conf]: a project's options shipped in its package.
+    site = tmp_path / "site"
+    folder = site / "my_project" / "conf" / "cost_models"
+    folder.mkdir(parents=True)
+    (site / "my_project" / "__init__.py").write_text("")
+    (folder / "my_megatron.yaml").write_text(
+        (config_dir("cost_models") / "megatron.yaml").read_text() + "\nlog_dir: my_logs\n")
+    (folder / "my_fit.yaml").write_text((config_dir("cost_models") / "analytic.yaml").read_text())
+    monkeypatch.syspath_prepend(str(site))
+    searchpath = "hydra.searchpath=[pkg://my_project.conf]"
+    check_group_choices([searchpath, "cost_models=my_fit"])
+    with pytest.raises(LayoutSearchError, match="did you mean 'my_fit'"):
+        check_group_choices([searchpath, "cost_models=my_fi"])
+    done = subprocess.run(
+        [sys.executable, "-m", "layoutsearch.cli", searchpath, "cost_models=measured",
+         "cost_models.megatron=my_megatron", "cost_models.launcher=dry_run",
+         "cost_models.top_k=1", "cost_models.prescreen=my_fit", "model=llama_7b",
+         "num_gpus=8", "global_batch_size=64", FAST, f"hydra.run.dir={tmp_path / 'out'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "PYTHONPATH": str(site)})
+    assert done.returncode == 0, done.stderr
+    assert len(list((tmp_path / "my_logs").glob("*.sh"))) == 1  # my_megatron's log_dir
 
 
 @pytest.mark.parametrize("setting", ["hydra.run.dir", "hydra.sweep.dir"])
