@@ -246,7 +246,8 @@ def test_a_users_config_folder_adds_options_and_keeps_every_check(tmp_path: Path
             check_group_choices([*added, "cost_models=mien"])
         with pytest.raises(LayoutSearchError, match="cost_models=mine has no setting 'top_k'"):
             check_group_choices([*added, "cost_models=mine", "cost_models.top_k=3"])
-    # A search path it cannot list leaves option names to Hydra; settings are still checked.
+    # A search path it cannot list (no such package) leaves option names to Hydra;
+    # settings are still checked.
     check_group_choices(["hydra.searchpath=[pkg://my_configs]", "model=my_model"])
     with pytest.raises(LayoutSearchError, match="did you mean 'num_gpus'"):
         check_group_choices(["hydra.searchpath=[pkg://my_configs]", "num_gpu=8"])
