@@ -393,8 +393,8 @@ def check_group_choices(argv: Sequence[str]) -> None:
     which Hydra's own hint suggests, would be silently ignored). Options and settings in
     the user's config folders (`--config-dir`, `hydra.searchpath=`) count as valid; a
     search path that cannot be listed (a `pkg://` package not found on disk) leaves the
-    option names to Hydra, and a
-    primary config of the user's own (`--config-name`) leaves everything to it.
+    option names to Hydra, and a primary config of the user's own (`--config-name`) leaves
+    everything to it.
     """
     args, overrides = _parsed(argv)
     if args.config_name not in (None, CONFIG_NAME):
