@@ -479,11 +479,12 @@ class MultirunSummary(Callback):
         mark_sweep_start(self.sweep_dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        mark_sweep_end()
         sweep_dir = self.sweep_dir or Path(str(config.hydra.sweep.dir))
         if not sweep_dir.is_dir():
+            mark_sweep_end()
             return
         table, path = _summarize(sweep_dir)
+        mark_sweep_end()  # after the summary: a Ctrl-C while it is written writes it again
         failed = int(table["error"].notna().sum()) if "error" in table else 0
         if failed:
             # After every job ran: the sweep's exit status says that some input was wrong.
@@ -552,10 +553,13 @@ def main() -> None:
     except KeyboardInterrupt:
         # Ctrl-C is the user's choice, not a failure to explain with a traceback; what was
         # saved (a study, measurements) said so as it stopped.
-        for sweep_dir in SWEEPS_UNDER_WAY:
-            # The jobs that finished are answers: summarize them; those not started are
-            # left out of the table.
-            _summarize(sweep_dir)
+        try:
+            for sweep_dir in SWEEPS_UNDER_WAY:
+                # The jobs that finished are answers: summarize them; those not started are
+                # left out of the table.
+                _summarize(sweep_dir)
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: the user will not wait for the summary either
         print("layoutsearch: interrupted", file=sys.stderr)
         sys.exit(INTERRUPTED_STATUS)
 

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from layoutsearch import search
 from layoutsearch.cli import (
     GROUP_DIRS,
+    MultirunSummary,
     check_group_choices,
     check_output_dirs,
     group_options,
@@ -34,6 +35,7 @@ from layoutsearch.cli import (
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.paths import config_dir
+from layoutsearch.reporting.sweep import SWEEPS_UNDER_WAY, mark_sweep_end
 from layoutsearch.results import RESULT_COLUMNS
 from layoutsearch.space import SearchSpace
 
@@ -435,6 +437,24 @@ def test_ctrl_c_during_a_sweep_summarizes_the_jobs_that_finished(tmp_path: Path)
     assert table["job"].astype(str).tolist() == ["0", "1"]
     assert bool(table.loc[0, "fits"]) and pd.isna(table.loc[0, "error"])
     assert table.loc[1, "error"].startswith("interrupted (Ctrl-C) before this job finished")
+
+
+def test_a_ctrl_c_while_the_summary_is_written_leaves_it_to_be_written_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The end callback marks the sweep over only once its summary is written: main()'s
+    # Ctrl-C handler then writes the summary the interrupt cut short.
+    summary = MultirunSummary()
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}})
+    summary.on_multirun_start(config)
+
+    def interrupted(sweep_dir: Path) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("layoutsearch.cli._summarize", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        summary.on_multirun_end(config)
+    assert [tmp_path / "sweep"] == SWEEPS_UNDER_WAY
+    mark_sweep_end()
 
 
 def test_relative_paths_mean_the_same_with_hydra_job_chdir(tmp_path: Path) -> None:

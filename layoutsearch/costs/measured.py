@@ -299,7 +299,8 @@ class MeasuredCostModel:
         if command.notes:
             return "not measured: " + command.notes[0]
         error = rejection(command, self.launcher.environment(command))
-        if error and extra_args_at_fault(lambda settings: command_of_row(row, clusters, settings),
+        if error and extra_args_at_fault(error,
+                                         lambda settings: command_of_row(row, clusters, settings),
                                          self.settings, self.launcher.environment):
             cause = every_command_rejected(self.settings, error)
             raise LayoutSearchError(

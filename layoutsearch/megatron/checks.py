@@ -21,7 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 from layoutsearch.megatron.args import NVTE_ATTENTION, MegatronCommand
 from layoutsearch.megatron.settings import MegatronSettings
-from layoutsearch.megatron.validation import argument_parser, validate_argv
+from layoutsearch.megatron.validation import (
+    LAYOUT_FREE_RULES,
+    Problem,
+    argument_parser,
+    validate_argv,
+)
 
 _MODEL = {dest: f"model.{field}" for dest, field in {
     "num_layers": "num_layers", "hidden_size": "hidden_size",
@@ -33,6 +38,7 @@ _MODEL = {dest: f"model.{field}" for dest, field in {
     "normalization": "normalization", "swiglu": "swiglu",
     "untie_embeddings_and_output_weights": "untie_embeddings",
     "add_bias_linear": "add_bias_linear", "add_position_embedding": "position_embedding_type",
+    "kv_channels": "hidden_size",  # hidden_size / num_attention_heads
     "vocab_size": "vocab_size",
 }.items()}
 SET_FROM: dict[str, str] = {
@@ -44,11 +50,13 @@ SET_FROM: dict[str, str] = {
     "tokenizer_type": "the synthetic data commands measure on",
     "seq_length": "seq_length",
     "global_batch_size": "global_batch_size",
+    "rampup_batch_size": "global_batch_size",
     "tensor_model_parallel_size": "the layout's tp",
     "pipeline_model_parallel_size": "the layout's pp",
     "decoder_first_pipeline_num_layers": "the layout's pp (layers per stage)",
     "decoder_last_pipeline_num_layers": "the layout's pp (layers per stage)",
     "num_layers_per_virtual_pipeline_stage": "the layout's vp",
+    "num_virtual_stages_per_pipeline_rank": "the layout's vp",
     "context_parallel_size": "the layout's cp",
     "micro_batch_size": "the layout's micro_batch_size",
     "sequence_parallel": "the layout's sequence_parallel",
@@ -66,6 +74,7 @@ SET_FROM: dict[str, str] = {
     "overlap_param_gather": "the layout's overlap_grad_reduce",
     "bf16": "bf16 training, the precision priced",
     "fp16": "bf16 training, the precision priced",
+    "fp8": "bf16 training, the precision priced",
     "grad_reduce_in_bf16": "megatron.grad_reduce_in_bf16",
     "train_iters": "megatron.train_iters",
     "eval_iters": "megatron.train_iters (a run without evaluation)",
@@ -79,14 +88,18 @@ SET_FROM: dict[str, str] = {
 extra_args may not set them: argparse keeps the last of a repeated flag, so the run would
 not be the one ranked, and the measurement would be recorded under the wrong layout."""
 
-ENV_SET_FROM: dict[str, str] = {
-    **dict.fromkeys(NVTE_ATTENTION["auto"], "the layout's attention"),
-    "NVTE_MASKED_SOFTMAX_FUSION": "the layout's attention (0 for torch)",
-    # validate_args asserts it with tensor or context parallelism (before Blackwell).
-    "CUDA_DEVICE_MAX_CONNECTIONS": "the layout's tp and cp (1 where either is above 1)",
+_KERNEL_REMEDY = "leave a kernel out of the search space instead (e.g. attention=[fused,torch])"
+ENV_SET_FROM: dict[str, tuple[str, str]] = {
+    **dict.fromkeys(NVTE_ATTENTION["auto"], ("the layout's attention", _KERNEL_REMEDY)),
+    "NVTE_MASKED_SOFTMAX_FUSION": ("the layout's attention (0 for torch)", _KERNEL_REMEDY),
+    # validate_args asserts it with tensor or context parallelism (before Blackwell); at
+    # tp = cp = 1 one connection would serialize the data-parallel traffic with compute.
+    "CUDA_DEVICE_MAX_CONNECTIONS": (
+        "the layout's tp and cp (1 where either is above 1)",
+        "commands set it where Megatron-LM asks for it and leave it unset elsewhere"),
 }
-"""The environment variables commands set per layout. The settings' env is exported after
-the layout's, so it would override the switch that selects the layout's kernel."""
+"""The environment variables commands set per layout (name -> what sets it, what to do
+instead). The settings' env is exported after the layout's, so it would override them."""
 
 
 def settings_conflicts(extra_args: Sequence[str], env: Mapping[str, str]) -> str:
@@ -107,33 +120,35 @@ def settings_conflicts(extra_args: Sequence[str], env: Mapping[str, str]) -> str
     names = [name for name in env if name in ENV_SET_FROM]
     if names:
         given = ", ".join(f"{name}={env[name]}" for name in names)
-        named = "; ".join(f"{name} (from {ENV_SET_FROM[name]})" for name in names)
-        return (f"megatron.env: {given}: every command sets {named} itself, and the "
+        named = "; ".join(f"{name} (from {ENV_SET_FROM[name][0]})" for name in names)
+        remedies = "; ".join(dict.fromkeys(ENV_SET_FROM[name][1] for name in names))
+        return (f"megatron.env: {given}: commands set {named} themselves, and the "
                 "settings' environment would override it, so the run would not be the "
-                "layout ranked (or Megatron-LM would refuse it); remove it, and leave a "
-                "kernel out of the search space instead (e.g. attention=[fused,torch])")
+                f"layout ranked (or Megatron-LM would refuse it); remove it: {remedies}")
     return ""
 
 
-def rejection(command: MegatronCommand, env: Mapping[str, str]) -> str:
-    """Megatron-LM's first objection to the command in `env` ("" when it would start)."""
+def rejection(command: MegatronCommand, env: Mapping[str, str]) -> Problem | None:
+    """Megatron-LM's first objection to the command in `env` (None when it would start)."""
     errors = [p for p in validate_argv(command.argv, env=env, world_size=command.num_gpus)
               if p.severity == "error"]
-    return str(errors[0]) if errors else ""
+    return errors[0] if errors else None
 
 
-def extra_args_at_fault(build: Callable[[MegatronSettings], MegatronCommand],
+def extra_args_at_fault(problem: Problem, build: Callable[[MegatronSettings], MegatronCommand],
                         settings: MegatronSettings,
                         environment: Callable[[MegatronCommand], Mapping[str, str]]) -> bool:
-    """Whether a rejected command would start without the settings' extra flags: then they
-    break every command, a setup problem rather than the layout's."""
-    if not settings.extra_args:
+    """Whether the settings' extra flags make Megatron-LM reject every command: the rule
+    broken is one no layout has a say in, and the command would start without them. A
+    flag that breaks some layouts only (--no-overlap-p2p-communication with interleaving at
+    pp 2) leaves the others to run."""
+    if not settings.extra_args or problem.rule not in LAYOUT_FREE_RULES:
         return False
     bare = build(settings.replace(extra_args=()))
-    return not rejection(bare, environment(bare))
+    return rejection(bare, environment(bare)) is None
 
 
-def every_command_rejected(settings: MegatronSettings, error: str) -> str:
+def every_command_rejected(settings: MegatronSettings, error: Problem) -> str:
     """The message of extra flags that Megatron-LM rejects in every command."""
     return (f"with the Megatron-LM settings' extra_args {list(settings.extra_args)}, "
             f"Megatron-LM would reject every command ({error}). Commands measure on "

@@ -19,6 +19,7 @@ from layoutsearch.megatron.args import MegatronCommand, build_command
 from layoutsearch.megatron.checks import every_command_rejected, extra_args_at_fault, rejection
 from layoutsearch.megatron.scripts import write_script
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
+from layoutsearch.megatron.validation import Problem
 from layoutsearch.specs import Job
 
 SettingsSpec = str | Path | Mapping[str, Any] | MegatronSettings | None
@@ -33,22 +34,23 @@ def _command(row: Mapping[str, Any], job: Job, settings: MegatronSettings,
 
 
 def _settings_refusal(row: Mapping[str, Any], job: Job, settings: MegatronSettings,
-                      error: str) -> str:
+                      error: Problem) -> str:
     """The message of a rejected command when the settings' extra flags are what Megatron-LM
     rejects (every command then fails alike); "" when the layout's own command fails."""
     build = partial(build_command, Layout.from_row(row), job)
-    if extra_args_at_fault(build, settings, lambda built: built.env):
+    if extra_args_at_fault(error, build, settings, lambda built: built.env):
         return every_command_rejected(settings, error)
     return ""
 
 
 def check_settings(candidates: pd.DataFrame, job: Job, settings: MegatronSettings) -> None:
-    """Refuse, before a search, Megatron-LM settings whose extra flags break the commands:
-    tried on the first of the rule-passing `candidates` (the same flags break them all)."""
+    """Refuse, before a search, Megatron-LM settings whose extra flags break every command:
+    tried on the first of the rule-passing `candidates`, as such a flag breaks a rule no
+    layout has a say in."""
     for row in candidates.head(1).to_dict("records"):
         record = {str(k): v for k, v in row.items()}
         command = _command(record, job, settings)
-        error = rejection(command, command.env) if command else ""
+        error = rejection(command, command.env) if command else None
         refusal = _settings_refusal(record, job, settings, error) if error else ""
         if refusal:
             raise LayoutSearchError(f"{refusal}; nothing was searched")

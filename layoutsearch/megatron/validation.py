@@ -36,6 +36,10 @@ DEPRECATED_FLAGS = {
     # _add_network_size_args: "Deprecated: use --position-embedding-type".
     "--use-rotary-position-embeddings": ("warning", "use --position-embedding-type rope"),
 }
+LAYOUT_FREE_RULES = frozenset({"deprecated_flag", "argparse", "precision", "min_lr",
+                               "data_source", "logging"})
+"""Rules no layout has a say in (flags, precision, data, logging): settings whose command
+breaks one for one layout break it for every layout."""
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                      "shared_experts")
 
@@ -53,6 +57,7 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden-size", type=int)
     p.add_argument("--ffn-hidden-size", type=int)
     p.add_argument("--num-attention-heads", type=int)
+    p.add_argument("--kv-channels", type=int)
     p.add_argument("--attention-backend", default="auto",
                    choices=["flash", "fused", "unfused", "local", "auto"])
     p.add_argument("--group-query-attention", action="store_true")
@@ -75,6 +80,7 @@ def argument_parser() -> argparse.ArgumentParser:
     # _add_training_args
     p.add_argument("--micro-batch-size", type=int)
     p.add_argument("--global-batch-size", type=int)
+    p.add_argument("--rampup-batch-size", nargs="*")
     p.add_argument("--recompute-activations", action="store_true")
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
     p.add_argument("--recompute-method", choices=["uniform", "block"])
@@ -92,11 +98,14 @@ def argument_parser() -> argparse.ArgumentParser:
     # _add_mixed_precision_args
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--bf16", action="store_true")
+    # _add_transformer_engine_args
+    p.add_argument("--fp8-format", choices=["e4m3", "hybrid"], dest="fp8")
     p.add_argument("--grad-reduce-in-bf16", action="store_true")
     # _add_distributed_args
     p.add_argument("--tensor-model-parallel-size", type=int, default=1)
     p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     p.add_argument("--num-layers-per-virtual-pipeline-stage", type=int)
+    p.add_argument("--num-virtual-stages-per-pipeline-rank", type=int)
     p.add_argument("--decoder-first-pipeline-num-layers", type=int)
     p.add_argument("--decoder-last-pipeline-num-layers", type=int)
     p.add_argument("--no-overlap-p2p-communication", action="store_false",
@@ -377,8 +386,9 @@ def validate_argv(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
     Flags layoutsearch does not emit (a user's `extra_args`) are reported as warnings:
     they are passed on unchecked.
     """
+    given = {word.split("=", 1)[0] for word in argv}  # --batch-size=8 is --batch-size 8
     deprecated = [Problem("deprecated_flag", f"{flag}: {why}", severity)
-                  for flag, (severity, why) in DEPRECATED_FLAGS.items() if flag in argv]
+                  for flag, (severity, why) in DEPRECATED_FLAGS.items() if flag in given]
     if any(p.severity == "error" for p in deprecated):
         return deprecated
     try:

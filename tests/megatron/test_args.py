@@ -317,6 +317,7 @@ def _severities(argv, env):
 def test_deprecated_unknown_and_malformed_flags(argv):
     # Megatron-LM exits on the first, and still runs (mapping or ignoring it) with the second.
     assert _severities([*argv, "--checkpoint-activations"], ENV) == {("deprecated_flag", "error")}
+    assert _severities([*argv, "--batch-size=8"], ENV) == {("deprecated_flag", "error")}
     assert _severities([*argv, "--use-flash-attn"], ENV) == {("deprecated_flag", "warning")}
     # A flag layoutsearch does not emit (a user's extra_args) is passed on, said unchecked.
     unchecked = validate_argv([*argv, "--rotary-percent", "0.5"], env=ENV, world_size=64)

@@ -27,6 +27,12 @@ JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=20
                                                  "recompute)"),
     (["--fp16"], "--fp16 (from bf16 training, the precision priced)"),
     (["--train-iters", "50"], "--train-iters (from megatron.train_iters)"),
+    # Flags of the same knobs under other names: vp by stages, a batch ramp, FP8.
+    (["--num-virtual-stages-per-pipeline-rank", "2"], "--num-virtual-stages-per-pipeline-rank "
+                                                      "(from the layout's vp)"),
+    (["--rampup-batch-size", "32", "32", "1000"], "--rampup-batch-size (from "
+                                                  "global_batch_size)"),
+    (["--fp8-format", "hybrid"], "--fp8-format (from bf16 training, the precision priced)"),
 ])
 def test_extra_args_that_set_what_each_command_sets_are_refused(extra, named):
     with pytest.raises(LayoutSearchError) as caught:
@@ -51,9 +57,11 @@ def test_environment_that_overrides_a_layout_switch_is_refused(env, named):
     with pytest.raises(LayoutSearchError) as caught:
         MegatronSettings(env={"NCCL_IB_TIMEOUT": "22", **env})
     (name, value), = env.items()
-    assert str(caught.value).startswith(f"megatron.env: {name}={value}: every command sets "
-                                        f"{named} itself")
-    assert "attention=[fused,torch]" in str(caught.value)
+    assert str(caught.value).startswith(f"megatron.env: {name}={value}: commands set "
+                                        f"{named} themselves")
+    remedy = ("where Megatron-LM asks for it" if name == "CUDA_DEVICE_MAX_CONNECTIONS"
+              else "attention=[fused,torch]")
+    assert remedy in str(caught.value)
 
 
 def test_flags_and_environment_commands_leave_alone_are_kept():
@@ -102,6 +110,23 @@ def test_a_search_with_extra_args_megatron_rejects_stops_before_searching():
                              r"--mock-data and --data-path exclude each other\).*nothing was "
                              r"searched$"):
         layoutsearch.search(megatron={"extra_args": ["--data-path", "x"]}, **JOB)
+
+
+def test_a_flag_that_breaks_some_layouts_is_not_said_to_break_every_command(tmp_path: Path):
+    # Without p2p overlap, interleaving needs pp > 2: the pp 2 commands fail, the pp 4 ones
+    # start. The search runs; a script of a pp 2 layout is refused with its own reason.
+    settings = {"extra_args": ["--no-overlap-p2p-communication"]}
+    ranked = layoutsearch.search(search_space="default", pp=[2, 4], vp=[2], megatron=settings,
+                                 **JOB)
+    assert set(ranked.loc[ranked["fits"], "pp"]) == {2, 4}
+    pp2 = ranked[ranked["fits"] & ranked["pp"].eq(2)].head(1)
+    with pytest.raises(LayoutSearchError,
+                       match=r"^no launch scripts written: Megatron-LM would reject the "
+                             r"command of rank 1 \(.*\): error: interleaving_pp"):
+        write_launch_scripts(pp2, ranked.attrs["job"], tmp_path / "out", settings=settings)
+    pp4 = ranked[ranked["fits"] & ranked["pp"].eq(4)]
+    assert len(write_launch_scripts(pp4, ranked.attrs["job"], tmp_path / "out", top_k=2,
+                                    settings=settings)) == 2
 
 
 def test_launch_scripts_are_written_only_when_their_commands_start(tmp_path: Path):
