@@ -43,7 +43,7 @@ from layoutsearch.megatron.args import (
     command_of_row,
     job_of_row,
 )
-from layoutsearch.megatron.checks import every_command_rejected, extra_args_at_fault, rejection
+from layoutsearch.megatron.checks import every_command_rejected, rejection
 from layoutsearch.megatron.inverse import row_of_argv
 from layoutsearch.megatron.launchers import Launcher, Trial, build_launcher
 from layoutsearch.megatron.logs import LogResult, parse_log
@@ -299,10 +299,10 @@ class MeasuredCostModel:
         if command.notes:
             return "not measured: " + command.notes[0]
         error = rejection(command, self.launcher.environment(command))
-        if error and extra_args_at_fault(error,
-                                         lambda settings: command_of_row(row, clusters, settings),
-                                         self.settings, self.launcher.environment):
-            cause = every_command_rejected(self.settings, error)
+        cause = every_command_rejected(
+            error, lambda settings: command_of_row(row, clusters, settings), self.settings,
+            self.launcher.environment) if error else ""
+        if cause:
             raise LayoutSearchError(
                 f"cost_models=measured cannot launch: {cause}; nothing was launched, and the "
                 f"measurements in {self.file.path} are kept")

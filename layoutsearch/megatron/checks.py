@@ -7,9 +7,9 @@ the layout it was built for, so the same checks stand before all three:
 - a user's settings may not set a flag or variable that each command sets itself
   (`settings_conflicts`): Megatron-LM keeps the last of a repeated flag, and the settings'
   environment is exported after the layout's, so the run would be another layout;
-- Megatron-LM's own argument checks must pass (`rejection`), and when they fail only with
-  the settings' extra flags, the settings are at fault, not the layout
-  (`extra_args_at_fault`).
+- Megatron-LM's own argument checks must pass (`rejection`), and when the settings' extra
+  flags break a rule no layout has a say in, the settings are at fault, not the layout
+  (`every_command_rejected`).
 
     problem = settings_conflicts(settings.extra_args, settings.env)
     error = rejection(command, command.env)
@@ -106,7 +106,7 @@ def settings_conflicts(extra_args: Sequence[str], env: Mapping[str, str]) -> str
     """Why the settings' extra flags or environment would change the layout each command
     runs ("" when they do not): they set what commands set from the layout and job."""
     # argparse offers no public map from an option string to its action.
-    actions = argument_parser()._option_string_actions
+    actions = argument_parser()._option_string_actions if extra_args else {}
     flags = {flag: SET_FROM[action.dest]
              for flag in (word.split("=", 1)[0] for word in extra_args)
              if (action := actions.get(flag)) is not None and action.dest in SET_FROM}
@@ -135,22 +135,21 @@ def rejection(command: MegatronCommand, env: Mapping[str, str]) -> Problem | Non
     return errors[0] if errors else None
 
 
-def extra_args_at_fault(problem: Problem, build: Callable[[MegatronSettings], MegatronCommand],
-                        settings: MegatronSettings,
-                        environment: Callable[[MegatronCommand], Mapping[str, str]]) -> bool:
-    """Whether the settings' extra flags make Megatron-LM reject every command: the rule
-    broken is one no layout has a say in, and the command would start without them. A
-    flag that breaks some layouts only (--no-overlap-p2p-communication with interleaving at
-    pp 2) leaves the others to run."""
+def every_command_rejected(problem: Problem,
+                           build: Callable[[MegatronSettings], MegatronCommand],
+                           settings: MegatronSettings,
+                           environment: Callable[[MegatronCommand], Mapping[str, str]]) -> str:
+    """Why the settings' extra flags make Megatron-LM reject every command, given its
+    objection to one of them ("" when the layout's own command is at fault): the rule broken
+    is one no layout has a say in, and the command would start without them. A flag that
+    breaks some layouts only (--no-overlap-p2p-communication with interleaving at pp 2)
+    leaves the others to run."""
     if not settings.extra_args or problem.rule not in LAYOUT_FREE_RULES:
-        return False
+        return ""
     bare = build(settings.replace(extra_args=()))
-    return rejection(bare, environment(bare)) is None
-
-
-def every_command_rejected(settings: MegatronSettings, error: Problem) -> str:
-    """The message of extra flags that Megatron-LM rejects in every command."""
+    if rejection(bare, environment(bare)) is not None:
+        return ""
     return (f"with the Megatron-LM settings' extra_args {list(settings.extra_args)}, "
-            f"Megatron-LM would reject every command ({error}). Commands measure on "
+            f"Megatron-LM would reject every command ({problem}). Commands measure on "
             "synthetic data (--mock-data with a NullTokenizer, so that a trial needs no "
             "dataset)")

@@ -16,7 +16,7 @@ import pandas as pd
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.megatron.args import MegatronCommand, build_command
-from layoutsearch.megatron.checks import every_command_rejected, extra_args_at_fault, rejection
+from layoutsearch.megatron.checks import every_command_rejected, rejection
 from layoutsearch.megatron.scripts import write_script
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.megatron.validation import Problem
@@ -37,10 +37,8 @@ def _settings_refusal(row: Mapping[str, Any], job: Job, settings: MegatronSettin
                       error: Problem) -> str:
     """The message of a rejected command when the settings' extra flags are what Megatron-LM
     rejects (every command then fails alike); "" when the layout's own command fails."""
-    build = partial(build_command, Layout.from_row(row), job)
-    if extra_args_at_fault(error, build, settings, lambda built: built.env):
-        return every_command_rejected(settings, error)
-    return ""
+    return every_command_rejected(error, partial(build_command, Layout.from_row(row), job),
+                                  settings, lambda built: built.env)
 
 
 def check_settings(candidates: pd.DataFrame, job: Job, settings: MegatronSettings) -> None:
