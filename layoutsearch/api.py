@@ -26,7 +26,7 @@ from layoutsearch.layout import Layout
 from layoutsearch.measurements import read_table, validate_measurements
 from layoutsearch.megatron import with_megatron_args
 from layoutsearch.megatron.args import build_command, reduces_in_bf16
-from layoutsearch.megatron.emit import SettingsSpec, check_settings
+from layoutsearch.megatron.emit import SettingsSpec, check_settings, without_rejected_commands
 from layoutsearch.megatron.launchers import DRY_RUN_WROTE
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.problem import SearchProblem
@@ -40,6 +40,7 @@ from layoutsearch.results import (
     no_fit_message,
     notes_key,
     rank,
+    rejected_commands_note,
 )
 from layoutsearch.rules import violations
 from layoutsearch.space import DP_IS_DERIVED, KNOBS, SearchSpace
@@ -121,7 +122,9 @@ def search(
     `megatron_args` holds the quoted `pretrain_gpt.py` arguments of the best
     `MEGATRON_ARGS_ROWS` (1,000) fitting rows, and "" for every other row, built with the
     Megatron-LM settings `megatron` names (a `cost_models/` name, a YAML path, a mapping);
-    by default a measured cost model's own, else `cost_models/megatron.yaml`.
+    by default a measured cost model's own, else `cost_models/megatron.yaml`. When those
+    settings carry extra flags, a layout whose command they make Megatron-LM reject does not
+    fit: its reason says why, and `attrs["rejected_commands_note"]` counts them.
     """
     model_fields, pins = _split_overrides(overrides)
     job = Job(
@@ -141,7 +144,8 @@ def search(
     problem = SearchProblem.build(job, space, scorer, clusters)
     check_settings(problem.feasible_candidates(), job, settings)
     searcher = build_driver(driver)
-    ranked = _dry_run_scripts_first(rank(searcher.run(problem)))
+    ranked = _dry_run_scripts_first(without_rejected_commands(
+        rank(searcher.run(problem)), job, settings))
     fitting = ranked.index[ranked["fits"].eq(True)][:MEGATRON_ARGS_ROWS]
     ranked["megatron_args"] = ""
     if len(fitting):
@@ -176,6 +180,7 @@ def search(
     ranked.attrs["mfu_convention_note"] = mfu_convention_note(ranked, job)
     ranked.attrs["fabric_note"] = _fabric_note(ranked, scorer, job)
     ranked.attrs["failed_launches_note"] = failed_launches_note(ranked)
+    ranked.attrs["rejected_commands_note"] = rejected_commands_note(ranked)
     ranked.attrs[NOTED_FOR] = notes_key(ranked)
     if message:
         warnings.warn(message, NoLayoutFitsWarning, stacklevel=2)

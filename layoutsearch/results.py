@@ -49,6 +49,34 @@ def headroom_note(ranked: pd.DataFrame) -> str:
             f"{safer['mfu']:.3f} ({gap:.1f} points lower, {safer['headroom_gib']:.1f} GiB free).")
 
 
+COMMAND_REJECTED = "Megatron-LM would reject its command with the settings' extra flags: "
+"""How `reason` starts for a layout the cost model found to fit whose command Megatron-LM
+rejects once megatron.extra_args are added (emit.without_rejected_commands): it cannot be
+launched as the settings stand, so it ranks after every layout that can."""
+
+
+def rejected_commands_note(ranked: pd.DataFrame) -> str:
+    """When the settings' extra flags made Megatron-LM reject the commands of layouts the
+    cost model found to fit, how many and why, and the best of them; "" when none, or when
+    none fits (the no-fit message says it then)."""
+    if ranked.empty or not ranked["fits"].any():
+        return ""
+    rejected = ranked[ranked["reason"].str.startswith(COMMAND_REJECTED)]
+    if rejected.empty:
+        return ""
+    best = rejected.iloc[0]
+    layout = Layout.from_row({str(k): v for k, v in best.items()}).describe()
+    gap = 100 * (float(best["mfu"]) - float(ranked["mfu"].iloc[0]))
+    count = "1 layout" if len(rejected) == 1 else f"{len(rejected)} layouts"
+    return (f"{count} the cost model found to fit rank after every layout that fits, as "
+            f"Megatron-LM would reject {'its' if len(rejected) == 1 else 'their'} command "
+            f"with megatron.extra_args: "
+            f"{_rule_summary(rejected['reason'].str.removeprefix(COMMAND_REJECTED))}. The "
+            f"best of them, {layout}, has MFU {float(best['mfu']):.3f} ({abs(gap):.1f} points "
+            f"{'above' if gap > 0 else 'below'} the best that fits); without those flags it "
+            "would rank by its MFU.")
+
+
 FAILED_LAUNCHES_NAMED = 5
 """Failed launches a note names one by one (the rest are counted)."""
 
@@ -279,6 +307,14 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
     """
     if ranked["fits"].any():
         return None
+    rejected = ranked["reason"].str.startswith(COMMAND_REJECTED)
+    if rejected.any():
+        # They fit in memory; the settings' extra flags are what stops every one of them.
+        return (f"no layout can be launched: the {int(rejected.sum())} layouts the cost "
+                f"model found to fit all have commands Megatron-LM would reject with the "
+                f"settings' extra flags: "
+                f"{_rule_summary(ranked['reason'][rejected].str.removeprefix(COMMAND_REJECTED))}"
+                f"; change megatron.extra_args, or the search space")
     priced = ranked[ranked["peak_memory_gib"].notna()]
     limit = job.cluster.gpu.memory_gib
     unpriced = int(ranked["reason"].str.startswith(UNMEASURED).sum())

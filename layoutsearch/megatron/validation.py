@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import NoReturn
 
 from layoutsearch.megatron.args import NVTE_ATTENTION
@@ -49,8 +50,13 @@ class _Parser(argparse.ArgumentParser):
         raise ValueError(message)
 
 
+@cache
 def argument_parser() -> argparse.ArgumentParser:
-    """The flags layoutsearch emits, defined as in Megatron-LM's arguments.py."""
+    """The flags layoutsearch emits, defined as in Megatron-LM's arguments.py.
+
+    One parser serves every call (parsing does not change it): building it is three
+    quarters of checking a command, and a search checks up to a thousand.
+    """
     p = _Parser(prog="pretrain_gpt.py", allow_abbrev=False, add_help=False)
     # _add_network_size_args
     p.add_argument("--num-layers", type=int)

@@ -65,6 +65,7 @@ NOTE_TITLES = {
     "message": "Nothing fits", "dry_run_note": "Dry run", "headroom_note": "Memory headroom",
     "close_call_note": "A close call", "fabric_note": "The fabric",
     "mfu_convention_note": "MFU at long context", "failed_launches_note": "Failed launches",
+    "rejected_commands_note": "Commands Megatron-LM would reject",
 }
 """`ranked.attrs` texts the job section shows, in this order, each under its title."""
 

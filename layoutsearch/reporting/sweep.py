@@ -40,7 +40,8 @@ NOTES_FILE = "notes.yaml"
 """The search's notes on its answer, which `ranked.csv` cannot carry, beside it (cli.py)."""
 NOTE_TAGS = {"headroom_note": "tight memory", "close_call_note": "close call",
              "fabric_note": "slow fabric", "mfu_convention_note": "long-context MFU",
-             "dry_run_note": "dry run", "failed_launches_note": "failed launches"}
+             "dry_run_note": "dry run", "failed_launches_note": "failed launches",
+             "rejected_commands_note": "commands rejected"}
 """`ranked.attrs` notes a job records, with the tag the sweep table shows for each."""
 NO_FIT_NOTE = "message"
 """`ranked.attrs` entry that says why nothing fits and what to change (api.search)."""

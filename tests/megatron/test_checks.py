@@ -11,8 +11,9 @@ from layoutsearch.api import resolve_cluster, resolve_model
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.megatron import MegatronSettings, build_command, write_launch_scripts
-from layoutsearch.megatron.checks import SET_FROM
+from layoutsearch.megatron.checks import SET_FROM, rejection
 from layoutsearch.megatron.validation import argument_parser
+from layoutsearch.results import COMMAND_REJECTED
 from layoutsearch.specs import Job
 
 JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048)
@@ -114,19 +115,66 @@ def test_a_search_with_extra_args_megatron_rejects_stops_before_searching():
 
 def test_a_flag_that_breaks_some_layouts_is_not_said_to_break_every_command(tmp_path: Path):
     # Without p2p overlap, interleaving needs pp > 2: the pp 2 commands fail, the pp 4 ones
-    # start. The search runs; a script of a pp 2 layout is refused with its own reason.
+    # start. The search runs and ranks the pp 2 layouts after those that fit, with why; a
+    # script of a pp 2 layout is refused with its own reason.
     settings = {"extra_args": ["--no-overlap-p2p-communication"]}
     ranked = layoutsearch.search(search_space="default", pp=[2, 4], vp=[2], megatron=settings,
                                  **JOB)
-    assert set(ranked.loc[ranked["fits"], "pp"]) == {2, 4}
-    pp2 = ranked[ranked["fits"] & ranked["pp"].eq(2)].head(1)
+    assert set(ranked.loc[ranked["fits"], "pp"]) == {4}
+    rejected = ranked[ranked["reason"].str.startswith(COMMAND_REJECTED)]
+    assert set(rejected["pp"]) == {2} and not rejected["fits"].any()
+    assert (rejected["reason"] == COMMAND_REJECTED + "interleaving_pp: interleaved schedule "
+                                                     "needs pp > 2, got 2").all()
+    assert ranked.index[ranked["fits"]].max() < rejected.index.min()
+    pp2 = rejected.head(1).assign(fits=True)
     with pytest.raises(LayoutSearchError,
                        match=r"^no launch scripts written: Megatron-LM would reject the "
                              r"command of rank 1 \(.*\): error: interleaving_pp"):
         write_launch_scripts(pp2, ranked.attrs["job"], tmp_path / "out", settings=settings)
-    pp4 = ranked[ranked["fits"] & ranked["pp"].eq(4)]
+    pp4 = ranked[ranked["fits"]]
     assert len(write_launch_scripts(pp4, ranked.attrs["job"], tmp_path / "out", top_k=2,
                                     settings=settings)) == 2
+
+
+def test_every_command_the_ranking_shows_starts_with_the_extra_flags():
+    settings = MegatronSettings(extra_args=("--no-overlap-p2p-communication",))
+    ranked = layoutsearch.search(search_space="default", tp=[1, 2], pp=[2, 4], vp=[1, 2],
+                                 megatron=settings, **JOB)
+    job = ranked.attrs["job"]
+    shown = ranked[ranked["megatron_args"] != ""]
+    assert len(shown) == min(int(ranked["fits"].sum()), layoutsearch.api.MEGATRON_ARGS_ROWS)
+    assert len(shown) > 100
+    for _, row in shown.iterrows():
+        command = build_command(Layout.from_row(row), job, settings)
+        assert rejection(command, command.env) is None, Layout.from_row(row)
+    # Interleaving at pp 2 is what the flag breaks; without interleaving pp 2 still runs.
+    assert ranked.loc[ranked["fits"] & ranked["pp"].eq(2), "vp"].eq(1).all()
+    assert ranked.loc[ranked["fits"], "pp"].eq(2).any()
+    note = ranked.attrs["rejected_commands_note"]
+    rejected = int(ranked["reason"].str.startswith(COMMAND_REJECTED).sum())
+    assert note.startswith(f"{rejected} "
+                           "layouts the cost model found to fit rank after every layout "
+                           "that fits, as Megatron-LM would reject their command with "
+                           "megatron.extra_args: interleaving_pp: interleaved schedule "
+                           "needs pp > 2, got 2")
+    assert " points below the best that fits" in note
+    assert layoutsearch.search(search_space="default", tp=[1, 2], pp=[2, 4], vp=[1, 2],
+                               **JOB).attrs["rejected_commands_note"] == ""
+
+
+def test_when_the_extra_flags_reject_every_fitting_layout_the_message_says_so():
+    settings = {"extra_args": ["--no-overlap-p2p-communication"]}
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
+        ranked = layoutsearch.search(search_space="default", pp=[2], vp=[2],
+                                     megatron=settings, **JOB)
+    assert not ranked["fits"].any()
+    rejected = int(ranked["reason"].str.startswith(COMMAND_REJECTED).sum())
+    assert rejected > 0
+    assert ranked.attrs["message"] == (
+        f"no layout can be launched: the {rejected} layouts the cost model found to fit all "
+        "have commands Megatron-LM would reject with the settings' extra flags: "
+        "interleaving_pp: interleaved schedule needs pp > 2, got 2 (rejects "
+        f"{rejected} of {rejected} layouts); change megatron.extra_args, or the search space")
 
 
 def test_launch_scripts_are_written_only_when_their_commands_start(tmp_path: Path):
