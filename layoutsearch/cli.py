@@ -356,7 +356,7 @@ def check_key(override: Override, known: Mapping[str, list[str]]) -> None:
     parent, _, name = key.rpartition(".")
     adds_top_level = override.type in (OverrideType.ADD, OverrideType.FORCE_ADD) and not parent
     if (override.type is not OverrideType.CHANGE and not adds_top_level) or (
-            key.split(".")[0] == "hydra"):
+            key.split(".")[0].split("/")[0] == "hydra"):
         return
     if parent in known and name not in known[parent]:
         where = f"{parent} field" if parent else "setting"

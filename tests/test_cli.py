@@ -193,6 +193,17 @@ def test_known_and_added_settings_pass_the_check() -> None:
                          "cost_models=measured", "cost_models.top_k=8"])
 
 
+def test_hydra_config_groups_are_left_to_hydra(tmp_path: Path) -> None:
+    # Hydra's own groups (logging, launcher, sweeper) are chosen as `hydra/<group>=...`.
+    check_group_choices(["hydra/job_logging=disabled", "hydra/hydra_logging=disabled",
+                         "hydra/launcher=basic"])
+    done = layoutsearch("hydra/job_logging=disabled", FAST, f"hydra.run.dir={tmp_path}",
+                        cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "ranked.csv").is_file()
+    assert not (tmp_path / "layoutsearch.log").exists()  # Hydra's job log, now off
+
+
 def test_an_added_model_field_lists_the_valid_ones(tmp_path: Path) -> None:
     done = layoutsearch("+model.vocab=1", FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
