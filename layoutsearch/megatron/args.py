@@ -29,6 +29,16 @@ from layoutsearch.specs import COMMAND_FIELDS, ClusterSpec, Job, ModelSpec
 
 NULL_TOKENIZER_EOD = 1
 """The end-of-document token Megatron-LM's NullTokenizer adds to its --vocab-size."""
+PRECISION_ARGS = ("--bf16",)
+"""The precision every command trains in, the one priced."""
+SYNTHETIC_DATA_ARGS = ("--mock-data", "--tokenizer-type", "NullTokenizer")
+"""The data every command trains on (arguments.py::_add_data_args, _add_tokenizer_args):
+synthetic tokens, as step time and memory do not depend on them."""
+LOGGING_ARGS = ("--log-interval", "1", "--log-throughput")
+"""A log line every iteration with its TFLOP/s per GPU: what the log parser reads."""
+EVERY_COMMAND_ARGS = (*PRECISION_ARGS, *SYNTHETIC_DATA_ARGS, *LOGGING_ARGS)
+"""The words every command carries whatever the layout, job and settings: a user's
+extra_args may repeat them (checks.settings_conflicts)."""
 FLASH_KERNELS = ("flash2", "flash3")
 """Kernels Megatron-LM selects with `--attention-backend flash`: Transformer Engine's
 FlashAttention path, which runs FlashAttention 2, or 3 where `flash_attn_interface` is
@@ -270,7 +280,7 @@ def build_command(layout: Layout, job: Job,
         "--global-batch-size", str(job.global_batch_size),
         *_recompute_args(layout),
         *kernels,
-        "--bf16",
+        *PRECISION_ARGS,
     ]
     if _grad_reduce_in_bf16(settings, job.cluster.gpu.name):
         argv.append("--grad-reduce-in-bf16")
@@ -283,14 +293,13 @@ def build_command(layout: Layout, job: Job,
         if layout.distributed_optimizer:
             argv.append("--overlap-param-gather")
     argv += [
-        # Synthetic data: arguments.py::_add_data_args / _add_tokenizer_args.
+        *SYNTHETIC_DATA_ARGS,
         # NullTokenizer adds an end-of-document token to --vocab-size (its vocab_size is
         # the argument + 1, megatron/training/tokenizer): one less gives the priced vocabulary.
-        "--mock-data", "--tokenizer-type", "NullTokenizer",
         "--vocab-size", str(model.vocab_size - NULL_TOKENIZER_EOD),
         # A short, log-every-step run without evaluation or checkpoints.
         "--train-iters", str(settings.train_iters),
-        "--log-interval", "1", "--log-throughput",
+        *LOGGING_ARGS,
         "--eval-iters", "0", "--eval-interval", str(settings.train_iters + 1),
         "--lr", repr(float(settings.lr)), "--min-lr", "0.0",
         *settings.extra_args,

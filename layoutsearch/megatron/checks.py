@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from layoutsearch.megatron.args import NVTE_ATTENTION, MegatronCommand
+from layoutsearch.megatron.args import EVERY_COMMAND_ARGS, NVTE_ATTENTION, MegatronCommand
 from layoutsearch.megatron.settings import MegatronSettings
 from layoutsearch.megatron.validation import (
     LAYOUT_FREE_RULES,
@@ -102,14 +102,28 @@ ENV_SET_FROM: dict[str, tuple[str, str]] = {
 instead). The settings' env is exported after the layout's, so it would override them."""
 
 
+def _repeats(extra_args: Sequence[str]) -> set[str]:
+    """The dests of extra_args that repeat, with the same value, words every command carries
+    (`--bf16`, `--log-interval 1`): the run is the same with them."""
+    fixed, _ = argument_parser().parse_known_args(list(EVERY_COMMAND_ARGS))
+    try:
+        given, _ = argument_parser().parse_known_args(list(extra_args))
+    except ValueError:  # malformed (`--log-interval x`): not a repeat; validation says why
+        return set()
+    return {dest for dest, value in vars(fixed).items() if getattr(given, dest) == value}
+
+
 def settings_conflicts(extra_args: Sequence[str], env: Mapping[str, str]) -> str:
     """Why the settings' extra flags or environment would change the layout each command
-    runs ("" when they do not): they set what commands set from the layout and job."""
+    runs ("" when they do not): they set what commands set from the layout and job. A flag
+    that repeats what every command carries, with the same value, changes nothing."""
     # argparse offers no public map from an option string to its action.
     actions = argument_parser()._option_string_actions if extra_args else {}
+    repeats = _repeats(extra_args) if extra_args else set()
     flags = {flag: SET_FROM[action.dest]
              for flag in (word.split("=", 1)[0] for word in extra_args)
-             if (action := actions.get(flag)) is not None and action.dest in SET_FROM}
+             if (action := actions.get(flag)) is not None and action.dest in SET_FROM
+             and action.dest not in repeats}
     if flags:
         named = "; ".join(f"{flag} (from {owner})" for flag, owner in flags.items())
         return (f"megatron.extra_args={list(extra_args)}: every command sets {named} itself, "

@@ -34,6 +34,11 @@ JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=20
     (["--rampup-batch-size", "32", "32", "1000"], "--rampup-batch-size (from "
                                                   "global_batch_size)"),
     (["--fp8-format", "hybrid"], "--fp8-format (from bf16 training, the precision priced)"),
+    # A flag every command carries, with another value: the parser would see every 10th step.
+    (["--log-interval", "10"], "--log-interval (from the log parser (a line every "
+                               "iteration))"),
+    (["--log-interval", "5", "--log-interval", "1", "--tokenizer-type", "GPT2BPETokenizer"],
+     "--tokenizer-type (from the synthetic data commands measure on)"),
 ])
 def test_extra_args_that_set_what_each_command_sets_are_refused(extra, named):
     with pytest.raises(LayoutSearchError) as caught:
@@ -70,6 +75,18 @@ def test_flags_and_environment_commands_leave_alone_are_kept():
         extra_args=("--no-gradient-accumulation-fusion", "--seed", "7", "--data-path", "x"),
         env={"NCCL_IB_QPS_PER_CONNECTION": "4", "PYTHONPATH": "/opt/te"})
     assert settings.extra_args[-2:] == ("--data-path", "x")
+
+
+def test_repeating_what_every_command_carries_is_harmless():
+    # A user's own launch line often has them; with the same values the run is the same.
+    repeats = ("--bf16", "--mock-data", "--tokenizer-type", "NullTokenizer",
+               "--log-interval=1", "--log-throughput")
+    ranked = layoutsearch.search(megatron={"extra_args": list(repeats)}, **JOB)
+    plain = layoutsearch.search(**JOB)
+    assert ranked["fits"].sum() == plain["fits"].sum() > 0
+    assert ranked.attrs["rejected_commands_note"] == ""
+    assert ranked.loc[0, "megatron_args"] == (plain.loc[0, "megatron_args"] + " "
+                                              + " ".join(repeats))
 
 
 def _commands() -> list[list[str]]:
