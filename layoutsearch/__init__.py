@@ -17,6 +17,7 @@ from layoutsearch.costs import AnalyticCostModel, CostModel, build_cost_model
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.measurements import read_measurements
+from layoutsearch.results import job_of
 from layoutsearch.space import SearchSpace
 from layoutsearch.specs import ClusterSpec, GPUSpec, Job, ModelSpec
 
@@ -44,6 +45,7 @@ __all__ = [
     "NoLayoutFitsWarning",
     "SearchSpace",
     "build_cost_model",
+    "job_of",
     "load_cluster",
     "load_model",
     "predict",

@@ -26,11 +26,17 @@ from layoutsearch.layout import Layout
 from layoutsearch.measurements import read_table, validate_measurements
 from layoutsearch.megatron import with_megatron_args
 from layoutsearch.megatron.args import build_command, reduces_in_bf16
-from layoutsearch.megatron.emit import SettingsSpec, check_settings, without_rejected_commands
+from layoutsearch.megatron.emit import (
+    MEGATRON_SETTINGS,
+    SettingsSpec,
+    check_settings,
+    without_rejected_commands,
+)
 from layoutsearch.megatron.launchers import DRY_RUN_WROTE
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.problem import SearchProblem
 from layoutsearch.results import (
+    JOB,
     NOTED_FOR,
     close_call_note,
     fabric_note,
@@ -171,8 +177,9 @@ def search(
         message = (f"none of the {len(ranked)} layouts the {searcher.name} driver evaluated "
                    f"(of {len(problem.candidates)} in the space) fits; {more}price every "
                    f"layout with driver=grid. Among those evaluated: {message}")
-    ranked.attrs["job"] = job
-    ranked.attrs["megatron_settings"] = settings  # what emit_megatron writes scripts with
+    # Plain JSON values, which DataFrame.to_parquet writes (and reads back).
+    ranked.attrs[JOB] = job.to_record()
+    ranked.attrs[MEGATRON_SETTINGS] = settings.to_record()  # emit_megatron's scripts use it
     ranked.attrs["space_size"] = len(problem.candidates)
     ranked.attrs["message"] = message or ""
     ranked.attrs["headroom_note"] = headroom_note(ranked)

@@ -58,9 +58,9 @@ from layoutsearch.reporting.sweep import (
     write_notes,
     write_summary,
 )
-from layoutsearch.results import counts_line
+from layoutsearch.results import counts_line, job_of
 from layoutsearch.space import DP_IS_DERIVED, SearchSpace
-from layoutsearch.specs import ClusterSpec, GPUSpec, Job, ModelSpec
+from layoutsearch.specs import ClusterSpec, GPUSpec, ModelSpec
 
 CONF_DIR = Path(__file__).parent / "conf"
 CONFIG_NAME = "layoutsearch"
@@ -159,7 +159,7 @@ def _table(frame: pd.DataFrame) -> str:
 
 def report(ranked: pd.DataFrame, space: SearchSpace, top_k: int) -> str:
     """The job, the top `top_k` rows, and the best layout's time and memory breakdowns."""
-    job: Job = ranked.attrs["job"]
+    job = job_of(ranked, "report")
     fits = int(ranked["fits"].sum())
     lines = [
         f"job: {job.model.name} ({job.model.num_parameters() / 1e9:.1f}B parameters, "

@@ -10,6 +10,7 @@ columns get their documented defaults; unknown columns are kept.
 
 from __future__ import annotations
 
+import base64
 import csv
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -93,13 +94,15 @@ text editor shows, also after the frame is filtered or sorted."""
 
 def _keep_lines(frame: pd.DataFrame, lines: Sequence[int] | np.ndarray) -> None:
     # pandas deep-copies `attrs` into every frame and column it derives (a column read, a
-    # filter): as bytes they are copied for nothing, and pd.concat compares them safely.
-    frame.attrs[LINE_NUMBERS] = np.asarray(lines, dtype=np.int64).tobytes()
+    # filter): as one string they are copied for nothing, pd.concat compares them safely,
+    # and DataFrame.to_parquet, which writes `attrs` as JSON, can write them (as base64).
+    frame.attrs[LINE_NUMBERS] = base64.b64encode(
+        np.asarray(lines, dtype=np.int64).tobytes()).decode("ascii")
 
 
 def _row_lines(frame: pd.DataFrame) -> np.ndarray | None:
     """The line each row of `frame` came from, in row order; None unless every row has one."""
-    lines = np.frombuffer(frame.attrs.get(LINE_NUMBERS, b""), dtype=np.int64)
+    lines = np.frombuffer(base64.b64decode(frame.attrs.get(LINE_NUMBERS, "")), dtype=np.int64)
     labels = frame.index
     if not pd.api.types.is_integer_dtype(labels) or not len(lines):
         return None
@@ -333,6 +336,9 @@ def read_table(path: str | Path) -> pd.DataFrame:
             f"measurement file {str(path)!r} cannot be read as {kind} "
             f"({type(error).__name__}: {error})"
         ) from None
+    # A Parquet file keeps the attrs of the frame written into it: line numbers of the CSV
+    # file it was read from, which are not this file's rows.
+    table.attrs.pop(LINE_NUMBERS, None)
     if len(lines) == len(table):  # else (Parquet) the rows are named by position, as read
         _keep_lines(table, lines)
     return table

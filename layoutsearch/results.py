@@ -7,13 +7,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from layoutsearch.costs.base import MEASURED_FAILURE, UNMEASURED
+from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.specs import Job
 
@@ -217,6 +218,25 @@ def fabric_note(ranked: pd.DataFrame, network_efficiency: float,
             f"step. On a fabric that reaches nccl-tests' rates (80-90 %) the ranking may "
             f"differ: rank with cost_models=analytic_prior, or fit the constants to a few runs "
             f"of your cluster (layoutsearch-calibrate).")
+
+
+JOB = "job"
+"""`ranked.attrs` entry: the job ranked, as `Job.to_record` writes it (plain JSON values,
+so that DataFrame.to_parquet can write them, and a ranking read back carries its job)."""
+
+
+def job_of(ranked: pd.DataFrame, caller: str = "job_of(ranked)") -> Job:
+    """The job a ranking is of, from its `attrs` (a `Job`); an error naming `caller` without
+    one."""
+    record = ranked.attrs.get(JOB)
+    if isinstance(record, Job):  # set by hand
+        return record
+    if not isinstance(record, Mapping):
+        raise LayoutSearchError(
+            f"{caller}: the frame's attrs['job'] is missing; pass the frame layoutsearch.search "
+            "returned, or one read back from its to_parquet file (pandas drops attrs in some "
+            "operations, e.g. concat, and CSV files do not keep them)")
+    return Job.from_record(record)
 
 
 NOTED_FOR = "noted_for"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -325,6 +326,20 @@ class Job:
     @property
     def tokens_per_step(self) -> int:
         return self.seq_length * self.global_batch_size
+
+    def to_record(self) -> dict[str, Any]:
+        """The job as plain JSON values, as a frame's `attrs` must hold it:
+        DataFrame.to_parquet writes `attrs` as JSON (pandas >= 2.1)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Job:
+        """The job `to_record` wrote (also read back from a Parquet file's `attrs`)."""
+        cluster = dict(record["cluster"])
+        return cls(model=ModelSpec(**record["model"]),
+                   cluster=ClusterSpec(**{**cluster, "gpu": GPUSpec(**cluster["gpu"])}),
+                   num_gpus=record["num_gpus"], seq_length=record["seq_length"],
+                   global_batch_size=record["global_batch_size"])
 
     def columns(self) -> dict[str, Any]:
         """The job as measurement-schema columns (docs/measurements.md), one value each,

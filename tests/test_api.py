@@ -13,10 +13,13 @@ import pytest
 
 import layoutsearch
 from layoutsearch import LayoutSearchError, ModelSpec, NoLayoutFitsWarning, predict, search
+from layoutsearch.api import resolve_model
 from layoutsearch.costs import ReplayCostModel
 from layoutsearch.costs.constants import load_constants
 from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.megatron import emit_megatron
 from layoutsearch.paths import config_dir
+from layoutsearch.results import job_of
 
 JOB: dict[str, Any] = dict(model="llama_13b", cluster="a100_80gb", num_gpus=64,
                            seq_length=2048, global_batch_size=2048)
@@ -86,7 +89,7 @@ def test_search_takes_specs_and_space_mappings() -> None:
                                   "attention": ["flash2"], "recompute": ["none"]})
     # 2 tp x 2 sp x 2 rmsnorm, minus the sp twin at tp 1 for each rmsnorm value.
     assert len(result) == 2 * 2 * 2 - 2
-    assert result.attrs["message"] == "" and result.attrs["job"].model == model
+    assert result.attrs["message"] == "" and job_of(result, "test").model == model
 
 
 def test_nothing_fits_warns_with_a_suggestion() -> None:
@@ -350,6 +353,25 @@ def test_fitting_rows_carry_their_megatron_arguments(ranked: pd.DataFrame) -> No
     best = ranked.index[fits][: layoutsearch.api.MEGATRON_ARGS_ROWS]
     assert (ranked.loc[best, "megatron_args"] != "").all()
     assert (~fits).any() and (ranked.loc[~fits, "megatron_args"] == "").all()
+
+
+def test_a_ranking_saved_as_parquet_keeps_its_job_and_settings(tmp_path: Path) -> None:
+    # DataFrame.to_parquet writes attrs as JSON: a Job object in them would fail it.
+    settings = {"megatron_path": str(tmp_path), "extra_args": ["--seed", "7"]}
+    ranked = search(**JOB, tp=[1, 2], megatron=settings)
+    ranked.to_parquet(tmp_path / "ranked.parquet")
+    back = pd.read_parquet(tmp_path / "ranked.parquet")
+    assert job_of(back, "test") == job_of(ranked, "test")
+    assert job_of(back, "test").model == resolve_model("llama_13b")
+    assert layoutsearch.report(back, tmp_path / "report").is_file()
+    emit_megatron(back, tmp_path / "run", top_k=2)
+    script = sorted((tmp_path / "run" / "megatron").glob("*.sh"))[0].read_text()
+    assert "--seed 7" in script and str(tmp_path) in script
+    bare = back.copy()
+    bare.attrs.clear()  # as pd.concat leaves it
+    with pytest.raises(LayoutSearchError, match=r"^report\(result\): the frame's "
+                                                r"attrs\['job'\] is missing"):
+        layoutsearch.report(bare, tmp_path / "x")
 
 
 def test_megatron_arguments_follow_the_megatron_settings_given(tmp_path: Path) -> None:

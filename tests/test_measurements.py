@@ -204,6 +204,20 @@ def test_a_parquet_file_reads_like_its_csv(
                                   read_measurements(write(tmp_path, three_rows(measurement_row))))
 
 
+def test_a_csv_file_read_then_saved_as_parquet_names_its_own_rows(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    # DataFrame.to_parquet writes the frame's attrs as JSON, line numbers of the CSV
+    # included; read back, they are not the Parquet file's rows.
+    rows = three_rows(measurement_row)
+    table = read_measurements(write(tmp_path, rows))
+    table.loc[1, "micro_batch_size"] = 0
+    table.to_parquet(tmp_path / "runs.parquet")
+    with pytest.raises(LayoutSearchError,
+                       match=r"runs.parquet: index 1, column 'micro_batch_size'"):
+        read_measurements(tmp_path / "runs.parquet")
+
+
 @pytest.mark.parametrize(("name", "content", "kind"), [
     ("runs.csv", b'model,tp\n"llama_13b,1\n', "CSV"),  # a quote never closed
     ("runs.csv", b"model,tp\n\xff\xfe,1\n", "CSV"),  # not UTF-8

@@ -20,7 +20,7 @@ from layoutsearch.megatron.checks import every_command_rejected, rejection
 from layoutsearch.megatron.scripts import write_script
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.megatron.validation import Problem
-from layoutsearch.results import COMMAND_REJECTED
+from layoutsearch.results import COMMAND_REJECTED, job_of
 from layoutsearch.results import rank as rank_rows
 from layoutsearch.specs import Job
 
@@ -86,6 +86,9 @@ def without_rejected_commands(ranked: pd.DataFrame, job: Job, settings: Megatron
     return rank_rows(marked)
 
 
+MEGATRON_SETTINGS = "megatron_settings"
+"""`ranked.attrs` entry: the Megatron-LM settings the `megatron_args` column was built with,
+as `MegatronSettings.to_record` writes them (api.search)."""
 SCRIPTS_DIR = "megatron"
 """The folder of a job's output directory that `emit=megatron` writes launch scripts into."""
 
@@ -169,9 +172,8 @@ def emit_megatron(ranked: pd.DataFrame, output_dir: Path, top_k: int = 5) -> Non
     `layoutsearch.search`, which built the `megatron_args` column with them), so the scripts
     run the commands the ranking shows.
     """
-    job, settings = ranked.attrs.get("job"), ranked.attrs.get("megatron_settings")
-    if not isinstance(job, Job) or not isinstance(settings, MegatronSettings):
-        raise LayoutSearchError("emit=megatron needs a ranking made by layoutsearch.search")
+    job = job_of(ranked, "emit=megatron")
+    settings = resolve_settings(ranked.attrs[MEGATRON_SETTINGS])
     if not ranked["fits"].astype(bool).any():
         print("wrote no Megatron-LM launch scripts: no layout fits")
         return

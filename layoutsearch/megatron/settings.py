@@ -13,7 +13,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +152,13 @@ class MegatronSettings:
 
     def replace(self, **changes: Any) -> MegatronSettings:
         return dataclasses.replace(self, **_coerce(changes, "megatron settings"))
+
+    def to_record(self) -> dict[str, Any]:
+        """The settings as plain values, which `from_dict` reads back: a frame's `attrs`
+        must hold JSON values, as DataFrame.to_parquet writes them."""
+        return {f.name: (list(value) if isinstance(value := getattr(self, f.name), tuple)
+                         else dict(value) if isinstance(value, Mapping) else value)
+                for f in fields(self)}
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], where: str = "megatron settings",

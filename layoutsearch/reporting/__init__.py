@@ -15,6 +15,7 @@ from layoutsearch.errors import LayoutSearchError
 from layoutsearch.reporting.explain import require_ranking
 from layoutsearch.reporting.markdown import TOP_K, write_report
 from layoutsearch.reporting.study_rules import StudyCheck, check_study_rules
+from layoutsearch.results import job_of
 
 DEFAULT_DIR = Path("layoutsearch-report")
 
@@ -24,7 +25,7 @@ def report(result: pd.DataFrame, out_dir: str | Path | None = None, *,
     """Write the report of a `search` result into `out_dir`; returns the path of report.md.
 
     `out_dir` defaults to `./layoutsearch-report`; the frame must carry its job in
-    `attrs["job"]`, as `search` leaves it.
+    `attrs["job"]`, as `search` leaves it (and its `to_parquet` file keeps it).
     """
     if not isinstance(result, pd.DataFrame):
         raise LayoutSearchError(
@@ -33,11 +34,7 @@ def report(result: pd.DataFrame, out_dir: str | Path | None = None, *,
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise LayoutSearchError(f"report(top_k={top_k!r}): must be an integer >= 1")
     require_ranking(result, "report(result)")
-    if "job" not in result.attrs:
-        raise LayoutSearchError(
-            "report(result): result.attrs['job'] is missing; pass the frame layoutsearch.search "
-            "returned (pandas drops attrs in some operations, e.g. concat)"
-        )
+    job_of(result, "report(result)")
     folder = Path(out_dir) if out_dir is not None else DEFAULT_DIR
     if folder.exists() and not folder.is_dir():
         raise LayoutSearchError(f"report(result, out_dir={str(folder)!r}): is a file; the "

@@ -14,6 +14,7 @@ import pandas as pd
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.megatron import with_megatron_args
+from layoutsearch.megatron.emit import MEGATRON_SETTINGS
 from layoutsearch.reporting.explain import (
     component_name,
     label,
@@ -23,7 +24,7 @@ from layoutsearch.reporting.explain import (
 )
 from layoutsearch.reporting.plots import BREAKDOWN, MFU_VS_MEMORY, TP_PP_HEATMAP, save_figures
 from layoutsearch.reporting.study_rules import StudyCheck, check_study_rules
-from layoutsearch.results import NOTED_FOR, counts_line, notes_key
+from layoutsearch.results import NOTED_FOR, counts_line, job_of, notes_key
 from layoutsearch.specs import Job
 
 TOP_K = 10
@@ -135,7 +136,7 @@ def write_report(ranked: pd.DataFrame, out_dir: Path, *, top_k: int = TOP_K) -> 
     require_ranking(ranked, "report(result)")
     if ranked.empty:
         raise LayoutSearchError("report(result): the result has no rows")
-    job = ranked.attrs["job"]
+    job = job_of(ranked, "report(result)")
     check = check_study_rules(ranked, job)
     best = ranked.iloc[0]
     bars: list[tuple[str, pd.Series]] = [("best", best)]
@@ -161,7 +162,7 @@ def write_report(ranked: pd.DataFrame, out_dir: Path, *, top_k: int = TOP_K) -> 
         command = best.get("megatron_args")
         if not isinstance(command, str) or not command:
             command = with_megatron_args(ranked.head(1), job, ranked.attrs.get(
-                "megatron_settings"))["megatron_args"].iloc[0]
+                MEGATRON_SETTINGS))["megatron_args"].iloc[0]
         lines += _best_section(best, paths, str(command))
     lines += ["## Every candidate", "",
               f"![MFU against peak memory]({paths[MFU_VS_MEMORY].name})", "",

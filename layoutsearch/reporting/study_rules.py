@@ -5,7 +5,7 @@ The rules are those of Hagemann et al. 2023 as `drivers.paper` applies them;
 the rules' own pick is replayed on the rows the result already priced, so no cost model is
 called again.
 
-    check = check_study_rules(ranked, ranked.attrs["job"])
+    check = check_study_rules(ranked, job_of(ranked, "check_study_rules"))
     check.summary, [v.rule for v in check.verdicts if v.follows is False]
 """
 

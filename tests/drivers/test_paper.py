@@ -19,6 +19,7 @@ from layoutsearch.drivers.paper import (
     wants_sequence_parallel,
 )
 from layoutsearch.problem import SearchProblem
+from layoutsearch.results import job_of
 from layoutsearch.space import SearchSpace
 from layoutsearch.specs import ClusterSpec, Job
 
@@ -129,7 +130,7 @@ def test_with_the_analytic_model_the_pick_follows_the_rules_and_is_reproducible(
                    & (grid["attention"] == "flash2") & grid["rmsnorm_kernel"]]
     assert int(pick["tp"] * pick["pp"]) == int((fitting["tp"] * fitting["pp"]).min())
     # Replaying the rules on the grid's scored table picks the same layout.
-    job = grid.attrs["job"]
+    job = job_of(grid, "test")
     replay = paper_choice(grid, job, lambda rows: grid.loc[rows.index]).row
     assert replay is not None
     for knob in ("tp", "pp", "micro_batch_size", "sequence_parallel", "recompute"):
@@ -141,7 +142,7 @@ def test_rules_over_rows_without_the_study_settings_pick_nothing_and_say_why() -
     # An optuna search returns only the rows it evaluated; they may hold no mb1 /
     # flash2 + RMSNorm / no-recompute row at all. The rules then pick nothing, without error.
     ranked = layoutsearch.search(**JOB_13B, micro_batch_size=[2, 4])
-    choice = paper_choice(ranked, ranked.attrs["job"], lambda rows: ranked.loc[rows.index])
+    choice = paper_choice(ranked, job_of(ranked, "test"), lambda rows: ranked.loc[rows.index])
     assert choice.chosen is None
     assert choice.priced.empty
 

@@ -17,6 +17,7 @@ from layoutsearch.megatron import MegatronSettings, build_command, parse_argv, v
 from layoutsearch.megatron.args import NVTE_ATTENTION
 from layoutsearch.megatron.inverse import row_of_argv
 from layoutsearch.paths import config_dir, config_folders
+from layoutsearch.results import job_of
 from layoutsearch.rules import violations
 from layoutsearch.specs import Job
 
@@ -212,7 +213,7 @@ def test_every_layout_the_search_passes_gets_a_command_megatron_accepts(model, s
             "distributed_optimizer"]
     sample = passing.drop_duplicates(keys)
     assert len(sample) > 50
-    job = ranked.attrs["job"]
+    job = job_of(ranked, "test")
     for _, row in sample.iterrows():
         command = build_command(Layout.from_row(row), job)
         errors = [p for p in validate_argv(command.argv, env=command.env, world_size=gpus)

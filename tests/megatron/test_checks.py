@@ -13,7 +13,7 @@ from layoutsearch.layout import Layout
 from layoutsearch.megatron import MegatronSettings, build_command, write_launch_scripts
 from layoutsearch.megatron.checks import SET_FROM, rejection
 from layoutsearch.megatron.validation import argument_parser
-from layoutsearch.results import COMMAND_REJECTED
+from layoutsearch.results import COMMAND_REJECTED, job_of
 from layoutsearch.specs import Job
 
 JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048)
@@ -147,9 +147,9 @@ def test_a_flag_that_breaks_some_layouts_is_not_said_to_break_every_command(tmp_
     with pytest.raises(LayoutSearchError,
                        match=r"^no launch scripts written: Megatron-LM would reject the "
                              r"command of rank 1 \(.*\): error: interleaving_pp"):
-        write_launch_scripts(pp2, ranked.attrs["job"], tmp_path / "out", settings=settings)
+        write_launch_scripts(pp2, job_of(ranked, "test"), tmp_path / "out", settings=settings)
     pp4 = ranked[ranked["fits"]]
-    assert len(write_launch_scripts(pp4, ranked.attrs["job"], tmp_path / "out", top_k=2,
+    assert len(write_launch_scripts(pp4, job_of(ranked, "test"), tmp_path / "out", top_k=2,
                                     settings=settings)) == 2
 
 
@@ -157,7 +157,7 @@ def test_every_command_the_ranking_shows_starts_with_the_extra_flags():
     settings = MegatronSettings(extra_args=("--no-overlap-p2p-communication",))
     ranked = layoutsearch.search(search_space="default", tp=[1, 2], pp=[2, 4], vp=[1, 2],
                                  megatron=settings, **JOB)
-    job = ranked.attrs["job"]
+    job = job_of(ranked, "test")
     shown = ranked[ranked["megatron_args"] != ""]
     assert len(shown) == min(int(ranked["fits"].sum()), layoutsearch.api.MEGATRON_ARGS_ROWS)
     assert len(shown) > 100
@@ -196,7 +196,7 @@ def test_when_the_extra_flags_reject_every_fitting_layout_the_message_says_so():
 
 def test_launch_scripts_are_written_only_when_their_commands_start(tmp_path: Path):
     ranked = layoutsearch.search(**JOB)
-    job = ranked.attrs["job"]
+    job = job_of(ranked, "test")
     with pytest.raises(LayoutSearchError,
                        match=r"^no launch scripts written: with the Megatron-LM settings' "
                              r"extra_args \['--data-path', 'x'\], Megatron-LM would reject "

@@ -28,6 +28,7 @@ from layoutsearch.megatron import (
     with_megatron_args,
     write_launch_scripts,
 )
+from layoutsearch.results import job_of
 from layoutsearch.testing import fake_megatron_settings
 
 HOSTILE = MegatronSettings(megatron_path="/opt/my megatron", extra_args=("--tensorboard-dir",
@@ -315,14 +316,14 @@ def test_launch_scripts_of_ranked_rows_get_time_for_their_predicted_steps(tmp_pa
     ranked = layoutsearch.search(model="llama_65b", num_gpus=128, seq_length=2048,
                                  global_batch_size=2048, vocab_size=128000)
     ranked = ranked.head(1).assign(step_time_s=207.0)
-    path, = write_launch_scripts(ranked, ranked.attrs["job"], tmp_path, top_k=1)
+    path, = write_launch_scripts(ranked, job_of(ranked, "test"), tmp_path, top_k=1)
     assert "#SBATCH --time=01:02:00" in path.read_text().splitlines()
 
 
 def test_ranked_results_carry_commands_and_scripts(tmp_path):
     ranked = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=2048,
                                  global_batch_size=2048, vocab_size=128000)
-    job = ranked.attrs["job"]
+    job = job_of(ranked, "test")
     with_args = with_megatron_args(ranked, job)
     best = with_args.iloc[0]
     args = parse_argv(shlex.split(best["megatron_args"]))
@@ -510,7 +511,7 @@ def test_layouts_that_share_a_command_share_one_script(tmp_path):
     ranked = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=2048,
                                  global_batch_size=2048, vocab_size=128000,
                                  attention=["flash1", "flash2"], rmsnorm_kernel=[True])
-    paths = write_launch_scripts(ranked, ranked.attrs["job"], tmp_path, top_k=3)
+    paths = write_launch_scripts(ranked, job_of(ranked, "test"), tmp_path, top_k=3)
     commands = [p.read_text().strip().splitlines()[-1] for p in paths]
     assert len(paths) == 3 and len(set(commands)) == 3
     feasible = ranked[ranked["fits"]].reset_index(drop=True)

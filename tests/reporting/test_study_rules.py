@@ -8,6 +8,7 @@ import pytest
 import layoutsearch
 from layoutsearch.reporting.explain import compare, why_rejected
 from layoutsearch.reporting.study_rules import check_study_rules
+from layoutsearch.results import job_of
 
 JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
            vocab_size=128000)
@@ -19,7 +20,7 @@ def ranked() -> pd.DataFrame:
 
 
 def test_the_rules_pick_replayed_on_the_grid_equals_the_paper_driver(ranked: pd.DataFrame) -> None:
-    check = check_study_rules(ranked, ranked.attrs["job"])
+    check = check_study_rules(ranked, job_of(ranked, "test"))
     assert check is not None and check.paper is not None
     pick = layoutsearch.search(driver="paper", **JOB).iloc[0]
     for knob in ("tp", "pp", "micro_batch_size", "recompute", "attention", "sequence_parallel"):
@@ -37,7 +38,7 @@ def test_a_departure_is_explained_by_the_layout_the_rule_prefers(ranked: pd.Data
     # Put a full-recompute layout on top: the check must say it departs and why.
     idx = ranked.index[ranked["fits"] & (ranked["recompute"] == "full")][0]
     reordered = pd.concat([ranked.loc[[idx]], ranked.drop(index=idx)])
-    check = check_study_rules(reordered, ranked.attrs["job"])
+    check = check_study_rules(reordered, job_of(ranked, "test"))
     assert check is not None
     verdict = next(v for v in check.verdicts if v.rule.startswith("prefer model parallelism"))
     assert verdict.follows is False
