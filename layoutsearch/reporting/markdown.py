@@ -24,7 +24,7 @@ from layoutsearch.reporting.explain import (
 )
 from layoutsearch.reporting.plots import BREAKDOWN, MFU_VS_MEMORY, TP_PP_HEATMAP, save_figures
 from layoutsearch.reporting.study_rules import StudyCheck, check_study_rules
-from layoutsearch.results import NOTED_FOR, counts_line, job_of, notes_key
+from layoutsearch.results import NOTED_FOR, counts_line, job_of, notes_key, rank
 from layoutsearch.specs import Job
 
 TOP_K = 10
@@ -132,11 +132,16 @@ REPORT_FILE = "report.md"
 
 
 def write_report(ranked: pd.DataFrame, out_dir: Path, *, top_k: int = TOP_K) -> Path:
-    """Write `report.md` and its PNGs into `out_dir`; returns the report's path."""
+    """Write `report.md` and its PNGs into `out_dir`; returns the report's path.
+
+    The rows are ranked first (feasible first, best MFU first), so that a re-sorted frame
+    or a selection of one is reported best first: its first row is not the best otherwise.
+    """
     require_ranking(ranked, "report(result)")
     if ranked.empty:
         raise LayoutSearchError("report(result): the result has no rows")
     job = job_of(ranked, "report(result)")
+    ranked = rank(ranked)
     check = check_study_rules(ranked, job)
     best = ranked.iloc[0]
     bars: list[tuple[str, pd.Series]] = [("best", best)]

@@ -11,7 +11,7 @@ import pytest
 import layoutsearch
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.reporting import check_study_rules, write_report
-from layoutsearch.reporting.explain import compare, why_rejected
+from layoutsearch.reporting.explain import compare, label, why_rejected
 from layoutsearch.reporting.markdown import top_table
 from layoutsearch.reporting.plots import mfu_memory_figure, tp_pp_heatmap
 
@@ -58,6 +58,18 @@ def test_a_report_of_a_selection_leaves_out_notes_about_the_whole_ranking(
     # The whole ranking, re-indexed or copied, keeps its notes.
     text = layoutsearch.report(ranked.reset_index(drop=True), tmp_path / "all").read_text()
     assert "**A close call.**" in text
+
+
+def test_a_re_sorted_ranking_is_reported_best_first(ranked: pd.DataFrame, tmp_path: Path
+                                                    ) -> None:
+    by_memory = ranked.sort_values("peak_memory_gib")
+    assert by_memory.iloc[0]["mfu"] < ranked.iloc[0]["mfu"] - 0.2
+    text = layoutsearch.report(by_memory, tmp_path / "memory").read_text()
+    best = label(ranked.iloc[0])
+    assert f"**{best}**: {100 * ranked.iloc[0]['mfu']:.1f} % MFU" in text
+    # The same rows, ranked again: the notes are about them, and the alternatives lose.
+    assert "**A close call.**" in text
+    assert "points lower" in text and not re.search(r"\(-[0-9.]+ points lower\)", text)
 
 
 def test_report_of_a_paper_driver_result(tmp_path: Path) -> None:
