@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import base64
 import csv
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.errors import LayoutSearchError, closest_names, unknown_name_message
 from layoutsearch.layout import ATTENTION_KERNELS, LAYOUT_COLUMNS, RECOMPUTE_KINDS
-from layoutsearch.specs import LARGEST_SIZE, NORMALIZATIONS
+from layoutsearch.specs import LARGEST_SIZE, NORMALIZATIONS, ClusterSpec
 
 INTEGER_COLUMNS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -160,12 +161,15 @@ def _as_int(frame: pd.DataFrame, column: str, source: str, rows: Sequence[str]) 
     return numbers.astype(np.int64)
 
 
-def validate_measurements(frame: pd.DataFrame, source: str = "measurements",
-                          gpus: Collection[str] | None = None) -> pd.DataFrame:
+def validate_measurements(
+        frame: pd.DataFrame, source: str = "measurements",
+        gpus: Collection[str] | Mapping[str, ClusterSpec] | None = None) -> pd.DataFrame:
     """A checked, typed copy of a measurement-schema frame with optional columns filled.
 
     `gpus`, when given, are the GPU kinds a row may name (those a cost model can price);
-    one name alone is taken as one kind, not as its letters.
+    one name alone is taken as one kind, not as its letters. The step time and MFU of each
+    ok row must agree (`check_units`), by the peaks of `gpus` where it maps names to
+    ClusterSpecs, else of the catalog's GPUs.
     """
     if isinstance(gpus, str):
         gpus = [gpus]
@@ -216,6 +220,8 @@ def validate_measurements(frame: pd.DataFrame, source: str = "measurements",
             i = _first(unknown)
             name = str(out["gpu"].iloc[i])
             raise _fail(source, rows[i], "gpu", unknown_name_message("gpu", name, gpus))
+    clusters = gpus if isinstance(gpus, Mapping) else clusters_by_gpu()
+    check_units(out, clusters, source, names=rows)
     # The copy is numbered 0..n-1: each row keeps the line it came from under its new label,
     # so that a later check of a filtered frame (calibration) still names the file's line.
     lines = _row_lines(frame)
@@ -284,6 +290,42 @@ def _check_values(t: pd.DataFrame, source: str, rows: Sequence[str]) -> None:
         raise _fail(source, rows[i], "dp",
                     f"tp·pp·cp·dp = {r.tp}·{r.pp}·{r.cp}·{r.dp} = {world.iloc[i]} "
                     f"does not equal num_gpus={r.num_gpus}")
+
+
+UNIT_TOLERANCE = 2.0
+"""How far a row's MFU may sit from the one its step time gives by the study's formula before
+the two are taken to disagree: other FLOP counts (Megatron-LM's own, with attention's
+causal half) differ by ~10-30 %; a step time in milliseconds is off by 1000x."""
+
+
+def check_units(rows: pd.DataFrame, clusters: Mapping[str, ClusterSpec], source: str = "",
+                names: Sequence[str] | None = None) -> None:
+    """Refuse ok rows whose step_time_s and mfu disagree beyond UNIT_TOLERANCE (a unit
+    mistake: milliseconds, percent), naming the first: a replay would rank by one and show
+    the other, and a fit would chase it to its bounds. Rows of GPU kinds `clusters` lacks
+    are left alone (their peak is unknown). `names` name the rows by position (default
+    `row_names(rows)`)."""
+    # The cost models read measurement files, so their shapes are imported when needed.
+    from layoutsearch.costs.shapes import Shapes
+
+    checked = ((rows["status"] == "ok") & rows["gpu"].isin(list(clusters))).to_numpy()
+    if not checked.any():
+        return
+    ok = rows[checked]
+    implied = Shapes.of(ok, clusters).mfu(ok["step_time_s"].to_numpy(dtype=float))
+    ratio = ok["mfu"].to_numpy(dtype=float) / implied
+    off = np.flatnonzero((ratio > UNIT_TOLERANCE) | (ratio < 1 / UNIT_TOLERANCE))
+    if len(off):
+        i = off[0]
+        row = ok.iloc[i]
+        name = (row_names(rows) if names is None else names)[np.flatnonzero(checked)[i]]
+        raise LayoutSearchError(
+            f"{f'{source}: ' if source else ''}{name} ({row['model']}, {row['gpu']}, tp "
+            f"{row['tp']} pp {row['pp']}): step_time_s={row['step_time_s']:g} gives MFU "
+            f"{implied[i]:.4g} by the study's formula (docs/measurements.md), but "
+            f"mfu={row['mfu']:g} ({ratio[i]:.3g}x); {len(off)} of {len(ok)} ok rows disagree "
+            "like this: is step_time_s in seconds per optimizer step and mfu a fraction of "
+            "peak?")
 
 
 OTHER_DELIMITERS = {";": "semicolons", "\t": "tabs", "|": "vertical bars"}
@@ -390,6 +432,8 @@ def _refuse_extra_cells(path: Path, line: int, header: list[str], record: list[s
             "header lacks a column; quote the cell or name the column")
 
 
-def read_measurements(path: str | Path, gpus: Collection[str] | None = None) -> pd.DataFrame:
+def read_measurements(path: str | Path,
+                      gpus: Collection[str] | Mapping[str, ClusterSpec] | None = None,
+                      ) -> pd.DataFrame:
     """Read and validate a measurement file (CSV, or Parquet by its suffix)."""
     return validate_measurements(read_table(path), source=str(path), gpus=gpus)

@@ -1,15 +1,19 @@
-"""Shared fixtures: one valid measurement-schema row, and one-row candidate tables."""
+"""Shared fixtures: one valid measurement-schema row, one-row candidate tables, and the step
+time an MFU stands for."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from layoutsearch.catalog import load_cluster, load_model
+from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
+from layoutsearch.costs.shapes import Shapes
 from layoutsearch.layout import Layout
+from layoutsearch.measurements import OPTIONAL_DEFAULTS
 from layoutsearch.specs import Job, ModelSpec
 
 
@@ -48,3 +52,16 @@ def candidate() -> CandidateFactory:
         return pd.DataFrame([{**job.columns(), **Layout(**knobs).to_dict()}])
 
     return build
+
+
+@pytest.fixture
+def step_time_for() -> Callable[[dict[str, Any], float], float]:
+    """`step_time_for(row, 0.6)`: the seconds per step at which a measurement row's job runs
+    at that MFU by the study's formula, so that the row's step time and MFU agree."""
+
+    def step_time(row: dict[str, Any], mfu: float) -> float:
+        table = pd.DataFrame([{**OPTIONAL_DEFAULTS, **row}])
+        at_one_second = Shapes.of(table, clusters_by_gpu()).mfu(np.ones(1))
+        return float(at_one_second[0]) / mfu
+
+    return step_time

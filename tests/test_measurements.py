@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import pandas as pd
 import pytest
 
 from layoutsearch.api import predict
+from layoutsearch.catalog import load_cluster
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.measurements import read_measurements, read_table, validate_measurements
 
@@ -342,10 +344,47 @@ def test_a_frame_is_named_by_its_index_label_also_after_a_sort(
         validate_measurements(table, source="runs.csv")
 
 
+@pytest.mark.parametrize(("column", "value", "ratio"), [
+    ("step_time_s", 30_000.0, r"1\.03e\+03x"),  # milliseconds
+    ("mfu", 0.06, r"0\.103x"),  # a factor of 10 off
+])
+def test_a_step_time_and_mfu_that_disagree_are_named(
+    tmp_path: Path, measurement_row: dict[str, Any], column: str, value: float, ratio: str
+) -> None:
+    # A replay would rank by the MFU and show the step time; read_measurements, predict and
+    # the cost models that read files refuse the row, as calibration does.
+    rows = three_rows(measurement_row)
+    rows[0][column] = value
+    path = write(tmp_path, rows)
+    message = (rf"runs.csv: line 2 \(llama_13b, a100_80gb, tp 2 pp 1\): step_time_s=\S+ "
+               rf"gives MFU \S+ by the study's formula \(docs/measurements.md\), but mfu=\S+ "
+               rf"\({ratio}\); 1 of 2 ok rows disagree like this")
+    with pytest.raises(LayoutSearchError, match=message):
+        read_measurements(path)
+    with pytest.raises(LayoutSearchError, match=message):
+        predict(path, cost_model={"_target_": "layoutsearch.costs.ReplayCostModel",
+                                  "path": str(path)})
+
+
+def test_a_step_time_is_checked_against_the_peak_of_the_clusters_given(
+    measurement_row: dict[str, Any]
+) -> None:
+    # The same run on a GPU of twice the peak is half the MFU: by the catalog's A100 peak it
+    # agrees, by the given one it does not.
+    frame = pd.DataFrame([measurement_row])
+    validate_measurements(frame)
+    a100 = load_cluster("a100_80gb")
+    faster = a100.replace(gpu=dataclasses.replace(a100.gpu, peak_tflops=4 * a100.gpu.peak_tflops))
+    with pytest.raises(LayoutSearchError, match=r"frame: index 0 .* \(4\.12x\)"):
+        validate_measurements(frame, source="frame", gpus={"a100_80gb": faster})
+
+
 def test_an_mfu_past_1_at_long_context_is_read_back(tmp_path: Path,
-                                                     measurement_row: dict[str, Any]) -> None:
+                                                     measurement_row: dict[str, Any],
+                                                     step_time_for) -> None:
     # What a measured search records for a long-context run must resume it, not stop it.
     row = {**measurement_row, "seq_length": 262144, "global_batch_size": 64, "mfu": 1.011}
+    row["step_time_s"] = step_time_for(row, 1.011)
     path = tmp_path / "runs.csv"
     pd.DataFrame([row]).to_csv(path, index=False)
     assert read_measurements(path)["mfu"].tolist() == [1.011]

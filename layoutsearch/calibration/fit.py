@@ -24,10 +24,9 @@ from layoutsearch.calibration.timing import TimeObjective, fit_time, time_free
 from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs.analytic import AnalyticCostModel
 from layoutsearch.costs.constants import AnalyticConstants
-from layoutsearch.costs.shapes import Shapes
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.fidelity import GROUP_COLUMNS, fidelity, spearman_change_interval
-from layoutsearch.measurements import row_names
+from layoutsearch.measurements import check_units, row_names
 from layoutsearch.rules import violations
 from layoutsearch.specs import ClusterSpec
 
@@ -147,32 +146,6 @@ def _fit_kind(gpu: str, group: pd.DataFrame, base: Mapping[str, AnalyticConstant
         time_free(objective, start, skip=MEMORY_CONSTANTS))
     _enough_rows(gpu, "ok", int(objective.ok.sum()), names, "--free")
     return fit_time(objective, start, names, max_evals=max_evals)
-
-
-UNIT_TOLERANCE = 2.0
-"""How far a row's MFU may sit from the one its step time gives by the study's formula before
-the two are taken to disagree: other FLOP counts (Megatron-LM's own, with attention's
-causal half) differ by ~10-30 %; a step time in milliseconds is off by 1000x."""
-
-
-def check_units(rows: pd.DataFrame, clusters: Mapping[str, ClusterSpec]) -> None:
-    """Refuse ok rows whose step_time_s and mfu disagree beyond UNIT_TOLERANCE (a unit
-    mistake: milliseconds, percent), naming the first; the fit would chase it to its bounds."""
-    ok = rows[rows["status"] == "ok"]
-    if ok.empty:
-        return
-    implied = Shapes.of(ok, clusters).mfu(ok["step_time_s"].to_numpy(dtype=float))
-    ratio = ok["mfu"].to_numpy(dtype=float) / implied
-    off = np.flatnonzero((ratio > UNIT_TOLERANCE) | (ratio < 1 / UNIT_TOLERANCE))
-    if len(off):
-        i = off[0]
-        row = ok.iloc[i]
-        raise LayoutSearchError(
-            f"{row_names(ok)[i]} ({row['model']}, {row['gpu']}, tp {row['tp']} pp "
-            f"{row['pp']}): step_time_s={row['step_time_s']:g} gives MFU {implied[i]:.4g} by "
-            f"the study's formula (docs/measurements.md), but mfu={row['mfu']:g} "
-            f"({ratio[i]:.3g}x); {len(off)} of {len(ok)} ok rows disagree like this: is "
-            "step_time_s in seconds per optimizer step and mfu a fraction of peak?")
 
 
 MIN_ROWS_PER_CONSTANT = 3

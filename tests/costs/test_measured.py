@@ -171,7 +171,7 @@ def test_measured_model_conforms_and_never_launches_what_megatron_cannot_run(tmp
 
 
 def test_unpriced_names_the_layouts_it_would_not_launch_and_launches_nothing(
-        tmp_path, candidate):
+        tmp_path, candidate, step_time_for):
     model = fake_measured_model(tmp_path)  # prescreened by the analytic model
     clusters = layoutsearch.catalog.clusters_by_gpu()
     runs = conformance_candidates(limit=1)
@@ -185,8 +185,8 @@ def test_unpriced_names_the_layouts_it_would_not_launch_and_launches_nothing(
         "not measured: the analytic model predicts it does not fit: ")
     assert model.launched == 0 and launches(tmp_path) == []
     # The same flash1 layout measured elsewhere and recorded in the file is priced from it.
-    model.file.append({**flash1.iloc[0].to_dict(), "gpus_per_node": 8, "status": "ok",
-                       "step_time_s": 2.0, "mfu": 0.31})
+    recorded = {**flash1.iloc[0].to_dict(), "gpus_per_node": 8, "status": "ok", "mfu": 0.31}
+    model.file.append({**recorded, "step_time_s": step_time_for(recorded, 0.31)})
     assert model.unpriced(flash1, clusters).iloc[0] == ""
     scored = model.score(flash1, clusters)
     assert bool(scored["fits"].iloc[0]) and scored["mfu"].iloc[0] == pytest.approx(0.31)
