@@ -16,12 +16,19 @@ class LayoutSearchError(ValueError):
     """A user's input cannot be used; the message says which field, value and rule."""
 
 
+CLOSE_RATIO = 0.6
+"""difflib's similarity from which a valid name is offered for a mistyped one (its
+get_close_matches default)."""
+
+
 def closest_names(name: str, valid: Iterable[str]) -> list[str]:
     """The valid names a mistyped `name` most likely meant, best first ([] if none is close).
 
     Case is ignored. A name that starts a valid one is taken as cut short ('h100' meant
-    'h100_sxm'), which edit distance alone misses (it would offer 'h200'); among several,
-    the most similar ones are offered together ('a100': 'a100_40gb' and 'a100_80gb').
+    'h100_sxm'), and one that a valid name starts as given a suffix ('h200_sxm' meant
+    'h200'), which edit distance alone misses (it would offer 'h200' and 'h100_sxm');
+    among several, the most similar ones are offered together ('a100': 'a100_40gb' and
+    'a100_80gb'; 'llama_70b': 'llama2_70b' and 'llama3_70b').
     """
     by_lower = {choice.lower(): choice for choice in valid}
     key = name.lower()
@@ -29,11 +36,14 @@ def closest_names(name: str, valid: Iterable[str]) -> list[str]:
         return [by_lower[key]]
     ratio = {c: difflib.SequenceMatcher(None, key, c).ratio() for c in by_lower}
     started = [c for c in by_lower if c.startswith(key)] if key else []
-    if started:
-        best = max(ratio[c] for c in started)
-        return sorted(by_lower[c] for c in started if ratio[c] == best)
-    close = difflib.get_close_matches(key, list(by_lower), n=1, cutoff=0.6)
-    return [by_lower[close[0]]] if close else []
+    if not started:
+        extended = [c for c in by_lower if key.startswith(c)]
+        started = [max(extended, key=len)] if extended else []
+    close = started or [c for c in by_lower if ratio[c] >= CLOSE_RATIO]
+    if not close:
+        return []
+    best = max(ratio[c] for c in close)
+    return sorted(by_lower[c] for c in close if ratio[c] == best)
 
 
 def unknown_name_message(kind: str, name: object, valid: Iterable[str]) -> str:

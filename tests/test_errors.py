@@ -7,7 +7,7 @@ import pytest
 from layoutsearch.errors import closest_names, unknown_name_message
 
 CLUSTERS = ["a100_40gb", "a100_80gb", "h100_sxm", "h200"]
-MODELS = ["llama_13b", "llama_65b", "llama2_13b", "llama3_8b"]
+MODELS = ["llama_13b", "llama_65b", "llama2_13b", "llama2_70b", "llama3_8b", "llama3_70b"]
 
 
 @pytest.mark.parametrize("name, valid, expected", [
@@ -16,6 +16,8 @@ MODELS = ["llama_13b", "llama_65b", "llama2_13b", "llama3_8b"]
     ("LLAMA_13B", MODELS, ["llama_13b"]),           # case ignored
     ("llama13b", MODELS, ["llama_13b"]),
     ("v100", CLUSTERS, []),                         # nothing close: no guess
+    ("h200_sxm", CLUSTERS, ["h200"]),               # a suffix added, not the nearer 'h100_sxm'
+    ("llama_70b", MODELS, ["llama2_70b", "llama3_70b"]),  # two equally close, by similarity
 ])
 def test_closest_names(name, valid, expected):
     assert closest_names(name, valid) == expected
