@@ -267,17 +267,37 @@ def counts_line(ranked: pd.DataFrame) -> str:
     return f"{size} layouts{tried}, {priced}"
 
 
+WAITING_TIME = ("time_tp_comm_s", "time_cp_comm_s", "time_pp_comm_s", "time_dp_comm_s",
+                "time_bubble_s")
+"""Step-time components spent waiting on other GPUs (exposed communication, the pipeline
+bubble); the others are this GPU's own work (compute, recompute, overheads)."""
+
+
+def _own_work_s(scored: pd.DataFrame) -> np.ndarray:
+    """Seconds of a step a GPU spends on its own work; 0 without a breakdown."""
+    columns = [c for c in scored.columns
+               if c.startswith("time_") and c.endswith("_s") and c not in WAITING_TIME]
+    if not columns:
+        return np.zeros(len(scored))
+    return np.nan_to_num(scored[columns].to_numpy(dtype=float)).sum(axis=1)
+
+
 def rank(scored: pd.DataFrame) -> pd.DataFrame:
     """Feasible rows first by MFU; then the rest, the nearest to fitting in memory first
     (largest headroom, i.e. the smallest overshoot), then by MFU (unpriced rows last);
-    a fresh 0..n-1 index."""
+    a fresh 0..n-1 index.
+
+    Rows of equal MFU go in order of their own work, least first: where communication
+    hides a kernel's time (flash1 and flash2 under context-parallel exchanges) the faster
+    kernel comes first, and it is the one that gains if the overlap falls short.
+    """
     feasible = scored["fits"].to_numpy(dtype=bool)
     headroom = pd.to_numeric(scored.get("headroom_gib", pd.Series(np.nan, index=scored.index)),
                              errors="coerce").to_numpy(dtype=float)
     nearest = np.where(feasible, 0.0, np.nan_to_num(headroom, nan=-np.inf))
     mfu = np.nan_to_num(scored["mfu"].to_numpy(dtype=float), nan=-1.0)
     # np.lexsort is stable and sorts by its last key first.
-    order = scored.iloc[np.lexsort((-mfu, -nearest, ~feasible))]
+    order = scored.iloc[np.lexsort((_own_work_s(scored), -mfu, -nearest, ~feasible))]
     first = [c for c in RESULT_COLUMNS if c in order.columns]
     rest = [c for c in order.columns if c not in first]
     ranked = order[first + rest].reset_index(drop=True)

@@ -67,6 +67,20 @@ def test_rows_that_do_not_fit_come_nearest_first() -> None:
     assert rank(table)["tp"].tolist() == [2, 8, 1, 4]
 
 
+def test_equal_mfu_puts_the_layout_with_less_own_work_first() -> None:
+    # Context-parallel exchanges hide attention: flash1 and flash2 tie on step time, the
+    # slower kernel's time hidden behind communication that flash2 leaves exposed.
+    table = scored([
+        {"attention": "flash1", "mfu": 0.433, "fits": True, "time_attention_s": 0.45,
+         "time_cp_comm_s": 0.10},
+        {"attention": "flash2", "mfu": 0.433, "fits": True, "time_attention_s": 0.21,
+         "time_cp_comm_s": 0.34},
+        {"attention": "torch", "mfu": 0.44, "fits": True, "time_attention_s": 0.90,
+         "time_cp_comm_s": 0.0},
+    ])
+    assert rank(table)["attention"].tolist() == ["torch", "flash2", "flash1"]
+
+
 def test_no_message_when_something_fits() -> None:
     table = scored([{"mfu": 0.5, "peak_memory_gib": 40.0, "fits": True}])
     assert no_fit_message(table, JOB) is None
