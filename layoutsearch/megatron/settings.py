@@ -232,6 +232,11 @@ def _arguments(where: str, raw: Any) -> tuple[str, ...]:
     for word in raw:
         if isinstance(word, bool) or not isinstance(word, str | int | float):
             raise LayoutSearchError(f"{rule}; {word!r} is not a word")
+        flag = str(word).split("=", 1)[0]
+        if flag.startswith("-") and len(flag.split()) > 1:
+            # Passed as one argument, '--seed 1234' is a flag no parser knows.
+            raise LayoutSearchError(f"{rule}; {word!r} is several words in one: give them "
+                                    f"apart, {', '.join(map(repr, str(word).split()))}")
     return tuple(str(word) for word in raw)
 
 

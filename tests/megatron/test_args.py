@@ -382,6 +382,11 @@ def test_environment_names_are_checked_before_they_reach_a_script():
                                              r"list of words, one argument each"),
     ({"extra_args": {"--seed": 1}}, r"extra_args=\{'--seed': 1\}: must be a list of words"),
     ({"extra_args": 5}, r"extra_args=5: must be a list of words"),
+    # One argument '--seed 1234' is a flag Megatron-LM does not know: every launch would fail.
+    ({"extra_args": ["--seed 1234"]}, r"extra_args=\['--seed 1234'\]: must be a list of "
+                                      r"words.*'--seed 1234' is several words in one: give "
+                                      r"them apart, '--seed', '1234'"),
+    ({"torchrun": ["torchrun", "--nnodes 2"]}, r"'--nnodes 2' is several words in one"),
     ({"torchrun": "torchrun --standalone"}, r"torchrun='torchrun --standalone': must be a list"),
     ({"grad_reduce_in_bf16": "false"}, r"grad_reduce_in_bf16='false': must be true, false or "
                                        "null"),
