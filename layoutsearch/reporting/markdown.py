@@ -99,11 +99,13 @@ def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
 
 
 def _best_section(best: pd.Series, paths: dict[str, Path], command: str) -> list[str]:
+    # A replayed run may have no memory figure (the file's column is optional).
+    memory = (f"{best['peak_memory_gib']:.1f} GiB peak memory per GPU"
+              if pd.notna(best["peak_memory_gib"]) else "peak memory per GPU not measured")
     lines = [
         "## The best layout", "",
         f"**{label(best)}**: {100 * best['mfu']:.1f} % MFU, {best['step_time_s']:.2f} s per "
-        f"step, {best['tokens_per_s']:.0f} tokens/s, {best['peak_memory_gib']:.1f} GiB peak "
-        f"memory per GPU.", "",
+        f"step, {best['tokens_per_s']:.0f} tokens/s, {memory}.", "",
     ]
     if command:
         lines += ["Megatron-LM arguments (`pretrain_gpt.py`):", "", "```", command, "```", ""]

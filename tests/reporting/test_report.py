@@ -72,6 +72,18 @@ def test_a_re_sorted_ranking_is_reported_best_first(ranked: pd.DataFrame, tmp_pa
     assert "points lower" in text and not re.search(r"\(-[0-9.]+ points lower\)", text)
 
 
+def test_a_replayed_best_layout_without_a_memory_figure_says_so(
+        tmp_path: Path, measurement_row) -> None:
+    path = tmp_path / "runs.csv"  # peak_memory_gib is an optional column of the schema
+    pd.DataFrame([{**measurement_row, "distributed_optimizer": True}]).to_csv(path, index=False)
+    ranked = layoutsearch.search(**{**JOB, "vocab_size": 32000}, tp=[2], pp=[1], cost_model={
+        "_target_": "layoutsearch.costs.replay.ReplayCostModel", "path": str(path)})
+    assert ranked["fits"].iloc[0] and pd.isna(ranked["peak_memory_gib"].iloc[0])
+    text = layoutsearch.report(ranked, tmp_path / "report").read_text()
+    assert "tokens/s, peak memory per GPU not measured." in text
+    assert "nan" not in text
+
+
 def test_report_of_a_paper_driver_result(tmp_path: Path) -> None:
     paper = layoutsearch.search(driver="paper", **JOB)
     text = layoutsearch.report(paper, tmp_path).read_text()
