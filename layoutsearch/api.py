@@ -271,7 +271,9 @@ def predict(
 ) -> pd.DataFrame:
     """The rows of a measurement-schema frame (or file) with the cost model's predictions.
 
-    Adds `predicted_mfu`, `predicted_step_time_s`, `predicted_peak_memory_gib`,
+    A frame without a `status` column holds layouts not run yet (planned rows, or rows of
+    a `search` result to price with another cost model): their `step_time_s` and `mfu`, if
+    any, are not read. Adds `predicted_mfu`, `predicted_step_time_s`, `predicted_peak_memory_gib`,
     `predicted_fits` and `predicted_reason`; the given columns are left as they were. A
     frame that already holds these (a notebook cell run again) gets them replaced: rename
     them first to compare two cost models side by side.
@@ -285,7 +287,7 @@ def predict(
         raise LayoutSearchError(f"predict: frame={frame!r} must be a pandas DataFrame or the "
                                 "path of a CSV or Parquet file of measurement rows")
     clusters = clusters_by_gpu() if clusters is None else _checked_clusters(clusters)
-    rows = validate_measurements(frame, source=source, gpus=clusters)
+    rows = validate_measurements(frame, source=source, gpus=clusters, planned=True)
     rule_reason = violations(rows, clusters)
     scored = build_cost_model(cost_model).score(rows, clusters)
     out = frame.copy()  # the caller's index and columns stay as they were

@@ -46,6 +46,10 @@ OPTIONAL_DEFAULTS: dict[str, int | bool | str] = {
 OPTIONAL_INTEGERS = tuple(c for c, v in OPTIONAL_DEFAULTS.items() if type(v) is int)
 OPTIONAL_BOOLEANS = tuple(c for c, v in OPTIONAL_DEFAULTS.items() if type(v) is bool)
 STATUSES = ("ok", "oom", "unavailable", "error", "timeout")
+PLANNED = "planned"
+"""The status `validate_measurements(..., planned=True)` gives the rows of a frame without a
+`status` column: layouts not run yet, whose step_time_s and mfu (a search's predictions,
+say) are no measurements."""
 JOB_KEY = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
     "vocab_size", "swiglu", "untie_embeddings", "normalization", "seq_length", "gpu",
@@ -163,13 +167,15 @@ def _as_int(frame: pd.DataFrame, column: str, source: str, rows: Sequence[str]) 
 
 def validate_measurements(
         frame: pd.DataFrame, source: str = "measurements",
-        gpus: Collection[str] | Mapping[str, ClusterSpec] | None = None) -> pd.DataFrame:
+        gpus: Collection[str] | Mapping[str, ClusterSpec] | None = None, *,
+        planned: bool = False) -> pd.DataFrame:
     """A checked, typed copy of a measurement-schema frame with optional columns filled.
 
     `gpus`, when given, are the GPU kinds a row may name (those a cost model can price);
     one name alone is taken as one kind, not as its letters. The step time and MFU of each
     ok row must agree (`check_units`), by the peaks of `gpus` where it maps names to
-    ClusterSpecs, else of the catalog's GPUs.
+    ClusterSpecs, else of the catalog's GPUs. With `planned`, a frame without a `status`
+    column is taken as layouts not run yet: status PLANNED, no step time or MFU.
     """
     if isinstance(gpus, str):
         gpus = [gpus]
@@ -179,6 +185,9 @@ def validate_measurements(
         raise LayoutSearchError(
             f"{source}: column(s) {', '.join(map(repr, repeated))} appear more than once; "
             "keep one of each (a measurement row has one value per column)")
+    unrun = planned and "status" not in frame.columns
+    if unrun:
+        frame = frame.assign(status=PLANNED, step_time_s=np.nan, mfu=np.nan)
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         hints = "".join(f"; column {column!r} looks like {' or '.join(close)}"
@@ -213,7 +222,7 @@ def validate_measurements(
         out[column] = out[column].astype(str).str.strip()
     for column in FLOAT_COLUMNS:
         out[column] = _as_float(out, column, source, rows)
-    _check_values(out, source, rows)
+    _check_values(out, source, rows, statuses=(PLANNED,) if unrun else STATUSES)
     if gpus is not None:
         unknown = ~out["gpu"].isin(list(gpus))
         if unknown.any():
@@ -245,7 +254,8 @@ MFU_RANGE_WHY = ("the study's formula counts the masked half of causal attention
                  "pass 1 at long context, never 2")
 
 
-def _check_values(t: pd.DataFrame, source: str, rows: Sequence[str]) -> None:
+def _check_values(t: pd.DataFrame, source: str, rows: Sequence[str],
+                  statuses: Sequence[str] = STATUSES) -> None:
     ran = t["status"] == "ok"
     step_in_range = (t["step_time_s"] > 0) & np.isfinite(t["step_time_s"])
     mfu_in_range = (t["mfu"] > 0) & (t["mfu"] < MFU_CEILING)
@@ -254,7 +264,7 @@ def _check_values(t: pd.DataFrame, source: str, rows: Sequence[str]) -> None:
          f"must be one of {', '.join(ATTENTION_KERNELS)}"),
         ("recompute", ~t["recompute"].isin(RECOMPUTE_KINDS),
          f"must be one of {', '.join(RECOMPUTE_KINDS)}"),
-        ("status", ~t["status"].isin(STATUSES), f"must be one of {', '.join(STATUSES)}"),
+        ("status", ~t["status"].isin(statuses), f"must be one of {', '.join(statuses)}"),
         ("normalization", ~t["normalization"].isin(NORMALIZATIONS),
          f"must be one of {', '.join(NORMALIZATIONS)}"),
         # Whole nodes, as a job (specs.Job); a run on part of one node is fine.

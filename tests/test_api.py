@@ -296,6 +296,30 @@ def test_predict_adds_columns_and_changes_nothing(measured: pd.DataFrame) -> Non
     assert out.loc[10, "predicted_mfu"] > 0
 
 
+def test_predict_prices_layouts_not_run_yet(tmp_path: Path, measurement_row) -> None:
+    # A search's rows carry predictions, not measurements: priced again by the same model
+    # they get the same figures, and by another its own.
+    ranked = search(**JOB).head(5)
+    again = predict(ranked)
+    np.testing.assert_allclose(again["predicted_mfu"], ranked["mfu"])
+    np.testing.assert_allclose(again["predicted_peak_memory_gib"], ranked["peak_memory_gib"])
+    assert again["predicted_fits"].tolist() == ranked["fits"].tolist()
+    assert not np.allclose(predict(ranked, cost_model="analytic_prior")["predicted_mfu"],
+                           ranked["mfu"])
+    # A planned layout has no outcome columns at all.
+    planned = {k: v for k, v in measurement_row.items()
+               if k not in ("status", "step_time_s", "mfu")}
+    path = tmp_path / "planned.csv"
+    pd.DataFrame([planned]).to_csv(path, index=False)
+    out = predict(path)
+    assert "status" not in out.columns and 0.3 < out["predicted_mfu"].iloc[0] < 0.8
+    # A run's outcome is whole: a status without its figures is a measurement row missing
+    # them, named.
+    with pytest.raises(LayoutSearchError, match=r"missing required column\(s\) step_time_s, "
+                                                r"mfu"):
+        predict(pd.DataFrame([{**planned, "status": "ok"}]))
+
+
 def test_predict_again_replaces_its_own_columns(measured: pd.DataFrame) -> None:
     once = predict(measured)
     slower = {"_target_": "layoutsearch.costs.analytic.AnalyticCostModel",
