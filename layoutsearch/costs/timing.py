@@ -58,21 +58,29 @@ BACKWARD_FLOPS = 2.0  # dgrad and wgrad GEMMs are each as large as the forward G
 OPTIMIZER_STATE_TRAFFIC = 26.0
 
 
-def _bus_bandwidth(sh: Shapes, k: Mapping[str, Array], size: Array, stride: Array) -> Array:
-    """NCCL bus bandwidth, bytes/s, of a group of `size` ranks `stride` ranks apart.
-
-    Inside one node it is NVLink's. Across nodes NCCL runs one ring per NIC, so a group with
-    r ranks on each node moves its inter-node traffic over r NICs at once (r × the per-GPU
-    NIC rate, at most NVLink's); a group with one rank per node has one NIC.
-    """
-    span = (size - 1) * stride + 1
-    ranks_per_node = np.clip(sh.gpus_per_node // np.maximum(stride, 1), 1, size)
+def _link_bandwidth(sh: Shapes, k: Mapping[str, Array], inside_nodes: Array,
+                    ranks_per_node: Array) -> Array:
+    """Bytes/s of a transfer: NVLink's where it stays `inside_nodes`; else NCCL runs one
+    ring per NIC, so a group with r ranks on each node moves its inter-node traffic over r
+    NICs at once (r × the per-GPU NIC rate, at most NVLink's)."""
     network = np.minimum(ranks_per_node * sh.inter_node_bandwidth, sh.intra_node_bandwidth)
-    return np.where(
-        span <= sh.gpus_per_node,
-        sh.intra_node_bandwidth * k["nvlink_efficiency"],
-        network * k["network_efficiency"],
-    )
+    return np.where(inside_nodes, sh.intra_node_bandwidth * k["nvlink_efficiency"],
+                    network * k["network_efficiency"])
+
+
+def _bus_bandwidth(sh: Shapes, k: Mapping[str, Array], size: Array, stride: Array) -> Array:
+    """NCCL bus bandwidth, bytes/s, of the groups of `size` ranks `stride` ranks apart.
+
+    Such groups tile blocks of size·stride consecutive ranks from rank 0: they stay inside
+    nodes when the blocks do (or the job has one node). A block that straddles a node
+    boundary (tp 4 on 6-GPU nodes) puts a group across it, and the slowest group paces
+    the step.
+    """
+    block = size * stride
+    inside = (sh.num_gpus <= sh.gpus_per_node) | (
+        (block <= sh.gpus_per_node) & (sh.gpus_per_node % block == 0))
+    ranks_per_node = np.clip(sh.gpus_per_node // np.maximum(stride, 1), 1, size)
+    return _link_bandwidth(sh, k, inside, ranks_per_node)
 
 
 def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
@@ -175,8 +183,10 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     # 256-GPU sweep (left out, its held-out ρ fell from 0.86 to 0.73). With vp interleaved
     # chunks every stage sends and receives once per chunk: vp times the traffic (Narayanan
     # et al. 2021, §2.2: "the amount of communication also increases by v").
+    # A pipeline over more than one node has a hop across a node boundary (stages are
+    # blocks of tp·cp·dp consecutive ranks), which paces it: one rank each side, one NIC.
     p2p_bytes = 2.0 * T * h / t
-    pair = _bus_bandwidth(sh, k, np.full_like(t, 2.0), t * sh.cp * sh.dp)
+    pair = _link_bandwidth(sh, k, sh.num_gpus <= sh.gpus_per_node, np.ones_like(t))
     pp_comm_mb = np.where(sh.pp > 1, sh.vp * 2 * p2p_bytes / pair, 0.0)
 
     # The slowest stage paces the pipeline: the first, a middle or the last stage (with the

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
+from layoutsearch.catalog import clusters_by_gpu
+from layoutsearch.costs import build_cost_model
 from layoutsearch.costs.constants import load_constants
-from tests.costs.builders import score, shapes
+from tests.costs.builders import score, shapes, table
 
 # A tiny vocabulary makes the output layer negligible, so every stage does the same work.
 EVEN = dict(model_fields={"vocab_size": 128}, num_gpus=64)
@@ -69,6 +72,28 @@ def test_tensor_parallel_comm_is_zero_at_tp1_and_grows_across_nodes() -> None:
     comm = rows["time_tp_comm_s"]
     assert comm[1] == 0.0
     assert comm[16] > comm[8] > 0.0  # tp = 16 leaves the NVLink domain of 8 GPUs
+
+
+def _scored_on_nodes_of(gpus_per_node: int, **layout) -> pd.Series:
+    rows = table(**layout).assign(gpus_per_node=gpus_per_node)
+    return build_cost_model("analytic").score(rows, clusters_by_gpu()).join(rows).iloc[0]
+
+
+def test_a_group_across_a_node_boundary_is_priced_on_the_network() -> None:
+    # tp 4 on 6-GPU nodes: ranks 4-7 straddle nodes 0 and 1; on one 24-GPU node they stay.
+    layout = dict(num_gpus=24, global_batch_size=24, tp=4)
+    straddling = _scored_on_nodes_of(6, **layout)["time_tp_comm_s"]
+    inside = _scored_on_nodes_of(24, **layout)["time_tp_comm_s"]
+    assert straddling > 3 * inside
+    assert _scored_on_nodes_of(8, **layout)["time_tp_comm_s"] == pytest.approx(inside)
+
+
+def test_a_pipeline_over_several_nodes_sends_across_one_of_their_boundaries() -> None:
+    # tp2 dp2 per stage, 8 stages on 32 GPUs: stages 1 and 2 sit on nodes 0 and 1 of 8 GPUs.
+    layout = dict(num_gpus=32, global_batch_size=64, tp=2, pp=8)
+    across = _scored_on_nodes_of(8, **layout)["time_pp_comm_s"]
+    one_node = _scored_on_nodes_of(32, **layout)["time_pp_comm_s"]
+    assert across > 3 * one_node > 0.0
 
 
 def test_sequence_parallelism_trades_element_wise_work_for_communication() -> None:
