@@ -268,6 +268,29 @@ def test_two_objectives_mark_the_pareto_front(counting: CountingModel) -> None:
         assert row["pareto"] == (not dominated)
 
 
+class NoMemoryFigure(CountingModel):
+    """A replay of runs without a peak_memory_gib column: times, fits, no memory figure."""
+
+    def score(self, candidates: pd.DataFrame,
+              clusters: Mapping[str, ClusterSpec]) -> pd.DataFrame:
+        return super().score(candidates, clusters).assign(peak_memory_gib=np.nan)
+
+
+def test_an_objective_the_cost_model_does_not_price_stops_the_study(tmp_path: Path) -> None:
+    # Stored as not fitting, each such layout would look alike to the sampler: a random
+    # search, no Pareto front, and no word of why.
+    driver = OptunaDriver(n_trials=10, objectives=["mfu", "peak_memory_gib"], progress=False,
+                          storage=f"sqlite:///{tmp_path}/study.db", seed=0)
+    with pytest.raises(LayoutSearchError, match=r"^driver.objectives=\['mfu', "
+                       r"'peak_memory_gib'\]: the cost model gives no peak_memory_gib for "
+                       r"tp\d .*, which it finds to fit .* e.g. driver.objectives=\[mfu\]$"):
+        driver.run(make_problem(NoMemoryFigure(tmp_path / "priced.txt")))
+    # MFU alone it prices.
+    ranked = OptunaDriver(n_trials=5, progress=False, seed=0).run(
+        make_problem(NoMemoryFigure(tmp_path / "again.txt")))
+    assert ranked["fits"].any()
+
+
 @pytest.mark.parametrize("storage", ["sqlite:///{dir}/study.db", "{dir}/study.log",
                                      "journal://{dir}/study.jsonl"])
 def test_a_study_resumes_from_its_storage(tmp_path: Path, counting: CountingModel,

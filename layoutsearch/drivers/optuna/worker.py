@@ -31,6 +31,7 @@ from layoutsearch.drivers.optuna.storage import (
     open_storage,
 )
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.layout import Layout
 from layoutsearch.lifetime import end_with_parent
 from layoutsearch.problem import SearchProblem
 from layoutsearch.progress import Progress
@@ -274,6 +275,16 @@ class Worker:
                                       if c not in self.problem.candidates.columns})
         trial.set_user_attr("reason", str(row["reason"]))
         values = tuple(float(row[o]) for o in self.driver.objectives)
+        unpriced = [o for o, v in zip(self.driver.objectives, values, strict=True)
+                    if bool(row["fits"]) and math.isnan(v)]
+        if unpriced:
+            # Stored as not fitting, every such layout would look alike to the sampler: a
+            # random search, and no Pareto front, that says nothing of why.
+            layout = Layout.from_row({str(k): v for k, v in row.items()}).describe()
+            raise LayoutSearchError(
+                f"driver.objectives={list(self.driver.objectives)}: the cost model gives no "
+                f"{unpriced[0]} for {layout}, which it finds to fit (a replay of runs without "
+                "that column, say); optimize what it prices, e.g. driver.objectives=[mfu]")
         feasible = bool(row["fits"]) and all(math.isfinite(v) for v in values)
         trial.set_constraint("fits", 0.0 if feasible else 1.0)
         return TrialState.COMPLETE, values if feasible else self.worst
