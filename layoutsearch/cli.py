@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import sys
 import traceback
 import warnings
@@ -431,16 +432,26 @@ OUTPUT_DIRS = ("hydra.run.dir", "hydra.sweep.dir")
 
 
 def check_output_dirs(argv: Sequence[str]) -> None:
-    """Refuse an output folder that is a file, before Hydra fails to make it with a
+    """Refuse an output folder that cannot be made (it, or the nearest existing folder
+    above it, is a file or cannot be written in), before Hydra fails to make it with a
     traceback; one written with `${...}` is Hydra's to resolve."""
     _, overrides = _parsed(argv)
     for override in overrides:
         if override.key_or_group not in OUTPUT_DIRS or override.is_sweep_override():
             continue
         value = override.value()
-        if isinstance(value, str) and "${" not in value and Path(value).is_file():
-            raise LayoutSearchError(f"{override.key_or_group}={value}: is a file; the outputs "
-                                    "go into a folder (name a new or existing folder)")
+        if not isinstance(value, str) or "${" in value:
+            continue
+        path = Path(value).expanduser()
+        existing = next(p for p in (path, *path.parents) if p.exists() or p == Path("."))
+        where = f"{override.key_or_group}={value}"
+        if not existing.is_dir():
+            named = "is a file" if existing == path else f"lies under {existing}, a file"
+            raise LayoutSearchError(f"{where}: {named}; the outputs go into a folder (name a "
+                                    "new or existing folder)")
+        if existing != path and not os.access(existing, os.W_OK | os.X_OK):
+            raise LayoutSearchError(f"{where}: cannot make it: {existing} is not writable; "
+                                    "name a folder where you may write")
 
 
 def resolved(cfg: DictConfig) -> dict[str, Any]:

@@ -546,4 +546,19 @@ def test_an_output_folder_that_is_a_file_is_refused(tmp_path: Path, setting: str
             f"{setting}={afile}: is a file; the outputs go into a folder")):
         check_output_dirs([f"{setting}={afile}"])
     check_output_dirs([f"{setting}={tmp_path / 'new'}", "hydra.run.dir=out/${now:%H}"])
+    # A folder under a file cannot be made either (Hydra: NotADirectoryError).
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            f"{setting}={afile}/run/1: lies under {afile}, a file; the outputs go into")):
+        check_output_dirs([f"{setting}={afile}/run/1"])
+    check_output_dirs([f"{setting}=relative/run"])  # under the folder the command runs in
     assert afile.read_text() == "kept\n"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_an_output_folder_in_a_folder_without_write_permission_is_refused(
+        tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            f"hydra.run.dir={locked}/run: cannot make it: {locked} is not writable")):
+        check_output_dirs([f"hydra.run.dir={locked}/run"])
