@@ -118,6 +118,7 @@ def run(config: Mapping[str, Any], output_dir: Path,
 
     `cost_model_name` is how messages name the cost-model config ("cost_models=analytic").
     """
+    _require_job_settings(config)
     model = model_from_dict(config["model"])
     cluster = cluster_from_dict(config["cluster"])
     space = SearchSpace.from_dict(config["search_spaces"])
@@ -152,6 +153,25 @@ def run(config: Mapping[str, Any], output_dir: Path,
         EMITTERS[emit](ranked, output_dir, top_k=top_k)
     print(f"\nwrote {csv}, {notes.name} and {markdown.name} beside it")
     return ranked
+
+
+JOB_SETTINGS = ("num_gpus", "seq_length", "global_batch_size")
+"""Settings every search needs besides a choice of each group (GROUP_DIRS)."""
+
+
+def _require_job_settings(config: Mapping[str, Any]) -> None:
+    """Refuse a config without a group choice or a job setting every search needs (removed
+    with `~model`, or left out of a primary config of the user's own), naming it."""
+    for group in GROUP_DIRS:
+        if group not in config:
+            raise LayoutSearchError(
+                f"{group}: removed (~{group}) or never chosen, but every search needs one; "
+                f"choose one instead, e.g. {group}=<name>; options: "
+                f"{', '.join(offered_options(group))}")
+    for name in JOB_SETTINGS:
+        if name not in config:
+            raise LayoutSearchError(f"{name}: removed (~{name}) or never set, but every "
+                                    f"search needs it; set it instead, e.g. {name}=<number>")
 
 
 def _table(frame: pd.DataFrame) -> str:

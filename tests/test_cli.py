@@ -204,6 +204,25 @@ def test_hydra_config_groups_are_left_to_hydra(tmp_path: Path) -> None:
     assert not (tmp_path / "layoutsearch.log").exists()  # Hydra's job log, now off
 
 
+@pytest.mark.parametrize(("removed", "message"), [
+    ("~model", "model: removed (~model) or never chosen, but every search needs one; choose "
+               "one instead, e.g. model=<name>; options: gpt3_175b, "),
+    ("~num_gpus", "num_gpus: removed (~num_gpus) or never set, but every search needs it; "
+                  "set it instead, e.g. num_gpus=<number>"),
+])
+def test_a_removed_setting_every_search_needs_is_named(tmp_path: Path, removed: str,
+                                                      message: str) -> None:
+    done = layoutsearch(removed, FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert message in done.stderr
+
+
+def test_a_removed_cost_model_offers_cost_models_only(tmp_path: Path) -> None:
+    with pytest.raises(LayoutSearchError) as caught:
+        run({"model": {}, "cluster": {}, "search_spaces": {}, "driver": {}}, tmp_path)
+    assert str(caught.value).endswith("options: analytic, analytic_prior, measured, replay")
+
+
 def test_an_added_model_field_lists_the_valid_ones(tmp_path: Path) -> None:
     done = layoutsearch("+model.vocab=1", FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
