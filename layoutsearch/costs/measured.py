@@ -196,6 +196,10 @@ def _result_row(row: Mapping[str, Any], result: LogResult, clusters: Mapping[str
     return out
 
 
+DEFAULT_PRESCREEN = "analytic"
+"""The prescreen of a config that sets top_k and names none (from_config)."""
+
+
 def _tell(line: str) -> None:
     """One line per trial on stderr: a measured search runs for hours, one trial at a time,
     and a dry run's scripts are otherwise found only in the result's reasons."""
@@ -237,7 +241,11 @@ class MeasuredCostModel:
     @classmethod
     def from_config(cls, config: Mapping[str, Any], source: str = "") -> MeasuredCostModel:
         """From `cost_models/measured.yaml`: megatron, launcher, measurements, prescreen,
-        top_k, timeout_s, retry (a status name or a list of them)."""
+        top_k, timeout_s, retry (a status name or a list of them).
+
+        `top_k` without a `prescreen` takes the analytic one (DEFAULT_PRESCREEN): top_k
+        means the best k, and unranked they would be the first k the space lists.
+        """
         known = {"megatron", "launcher", "measurements", "prescreen", "top_k", "timeout_s",
                  "retry"}
         unknown = set(config) - known
@@ -257,15 +265,16 @@ class MeasuredCostModel:
                     f"{source}: {given} (the measured cost model's own setting, which "
                     f"overrides the Megatron-LM settings'): {error}") from None
         prescreen = None
-        if config.get("prescreen"):
+        chosen = config.get("prescreen") or (DEFAULT_PRESCREEN if config.get("top_k") else None)
+        if chosen:
             from layoutsearch.costs import build_cost_model  # the registry imports this module
 
-            prescreen = build_cost_model(config["prescreen"], setting="measured.prescreen")
+            prescreen = build_cost_model(chosen, setting="measured.prescreen")
             if isinstance(prescreen, MeasuredCostModel):
                 # A prescreen prices every candidate to pick top_k: as training runs, that
                 # is the whole grid.
                 raise LayoutSearchError(
-                    f"{source}: prescreen={config['prescreen']!r} is a measured cost model, "
+                    f"{source}: prescreen={chosen!r} is a measured cost model, "
                     "which would launch every candidate to choose the top_k to launch; use "
                     "analytic, a calibrated analytic file or a replay of measurements")
         retry = config.get("retry") or ()

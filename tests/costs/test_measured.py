@@ -212,6 +212,11 @@ def test_config_file_builds_the_model(tmp_path):
     assert model.settings.launcher == "dry_run"
     with pytest.raises(layoutsearch.LayoutSearchError, match="unknown setting"):
         build_cost_model("measured", topk=3)
+    # top_k means the best k: without a prescreen named, the analytic model ranks them
+    # (unranked, the first k the space lists would be launched).
+    best = build_cost_model("measured", top_k=3, measurements=str(tmp_path / "m.csv"))
+    assert best.prescreen is not None and best.prescreen.name == "analytic"
+    assert build_cost_model("measured", measurements=str(tmp_path / "m.csv")).prescreen is None
 
 
 SMALL_JOB = dict(model="llama_7b", num_gpus=8, seq_length=2048, global_batch_size=64)
