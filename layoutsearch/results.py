@@ -360,9 +360,11 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
     unpriced = int(ranked["reason"].str.startswith(UNMEASURED).sum())
     if priced.empty and passing_rules and unpriced >= passing_rules:
         # A replay of measurements that never ran this job: nothing is known to not fit.
+        # Why those that pass were not priced; the rules' rejections are not news here.
+        unpriced_reasons = ranked["reason"][ranked["reason"].str.startswith(UNMEASURED)]
         return (f"no layout was priced: {passing_rules} of {len(ranked)} layouts pass the "
                 f"rules, and the cost model has no figures for any of them: "
-                f"{_rule_summary(ranked['reason'], top=4)}")
+                f"{_rule_summary(unpriced_reasons, top=4)}")
     failed = ranked["reason"].str.startswith(MEASURED_FAILURE)
     if priced.empty and failed.any():
         # What the launches said comes first, however many layouts were not launched.
@@ -375,9 +377,13 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
                 f"and the others were not launched: "
                 f"{_rule_summary(ranked['reason'][~failed], top=3)}")
     if priced.empty and passing_rules:
+        # What was measured (out of memory, say) first, then what never was, by the knob.
+        unmeasured = ranked["reason"].str.startswith(UNMEASURED)
+        known = _rule_summary(ranked["reason"][~unmeasured], top=3)
         return (f"no layout fits: {passing_rules} of {len(ranked)} layouts pass the rules, "
-                f"and the cost model found none of them to fit: "
-                f"{_rule_summary(ranked['reason'], top=4)}")
+                f"and the cost model found none of them to fit: {known}"
+                + (f"; {_rule_summary(ranked['reason'][unmeasured], top=2)}"
+                   if unmeasured.any() else ""))
     if priced.empty:
         message = f"no layout passes the rules: {_rule_summary(ranked['reason'])}"
         pairs = passing_tp_pp() if passing_tp_pp else []

@@ -25,6 +25,7 @@ import pandas as pd
 
 from layoutsearch.costs.base import UNMEASURED
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.measurements import JOB_KEY, MEASUREMENT_KEY, read_measurements
 from layoutsearch.specs import ClusterSpec
 
@@ -89,6 +90,23 @@ def _unknown_job(job: pd.Series, measured_jobs: pd.DataFrame, source: str) -> st
     jobs = len(measured_jobs)
     return (f"{UNMEASURED}{source} has no runs of this job (it holds {jobs} other "
             f"job{'s' * (jobs != 1)}): this job has " + ", ".join(fields))
+
+
+def _unseen_values(keys: pd.DataFrame, measured: pd.DataFrame) -> np.ndarray:
+    """For each row, a layout value no run of its job has ("knob=value"; "" where each
+    value was run): a space that asks for what the file never ran (overlap_grad_reduce=True
+    against runs without it) says so, not merely "unmeasured". Of several, the knob whose
+    unrun values leave the most rows unpriced is named: the one to pin first."""
+    unrun = {}
+    for column in LAYOUT_COLUMNS:
+        on = [*JOB_KEY, column]
+        unrun[column] = keys[on].merge(measured[on].drop_duplicates().assign(_ran=True),
+                                       on=on, how="left")["_ran"].isna().to_numpy()
+    out = np.full(len(keys), "", dtype=object)
+    for column in sorted(unrun, key=lambda c: -int(unrun[c].sum())):
+        first = unrun[column] & (out == "")
+        out[first] = column + "=" + keys[column].astype(str).to_numpy()[first]
+    return out
 
 
 class ReplayCostModel:
@@ -159,9 +177,12 @@ class ReplayCostModel:
             * candidates["seq_length"].to_numpy(dtype=float)
         )
         reason = pd.Series(status).map(FAILED_REASONS).fillna("").to_numpy(dtype=object)
-        reason[status == "unmeasured"] = (
-            f"{UNMEASURED}no measurement of this layout in {self.source}"
-        )
+        unmeasured = status == "unmeasured"
+        reason[unmeasured] = f"{UNMEASURED}no measurement of this layout in {self.source}"
+        unseen = _unseen_values(keys, self.measured)
+        never = unmeasured & (unseen != "")
+        reason[never] = (f"{UNMEASURED}no measurement of this layout in {self.source}, "
+                         "whose runs of this job never have ") + unseen[never]
         # One message per job the file never measured (a search has one job, many rows).
         measured_jobs = self.measured[list(JOB_KEY)].drop_duplicates().reset_index(drop=True)
         job_keys = keys[list(JOB_KEY)].reset_index(drop=True)

@@ -59,7 +59,8 @@ def test_oom_does_not_fit_and_unmeasured_is_not_guessed(runs_csv: Path,
     assert scored["fits"].tolist() == [False, False]
     assert scored["cost_reason"].iloc[0] == "measured: out of memory"
     assert scored["cost_reason"].iloc[1] == (
-        f"unmeasured: no measurement of this layout in {runs_csv}")
+        f"unmeasured: no measurement of this layout in {runs_csv}, whose runs of this job "
+        "never have tp=8")
     assert scored[["mfu", "step_time_s"]].isna().all().all()
 
 
@@ -74,7 +75,13 @@ def test_unpriced_names_only_the_layouts_never_measured(runs_csv: Path,
     unpriced = model.unpriced(rows, clusters_by_gpu())
     # Measured (ok or out of memory): priced. Never measured: not.
     assert unpriced.to_dict() == {
-        30: "", 10: "", 20: f"unmeasured: no measurement of this layout in {runs_csv}"}
+        30: "", 10: "", 20: f"unmeasured: no measurement of this layout in {runs_csv}, whose "
+                            "runs of this job never have tp=8"}
+    # A layout of values each run, in a combination that was not, is merely unmeasured.
+    combination = candidate("llama_13b", tp=2, sequence_parallel=True, **common)
+    combination["vocab_size"] = 32000
+    assert model.unpriced(combination, clusters_by_gpu()).iloc[0] == (
+        f"unmeasured: no measurement of this layout in {runs_csv}")
 
 
 def test_matches_on_dimensions_not_the_model_name(runs_csv: Path, candidate: Any) -> None:
@@ -130,7 +137,7 @@ def test_bad_files_and_configs_are_named(tmp_path: Path, measurement_row: dict[s
         build_cost_model("replay", path=str(bad))
 
 
-def _replay_search_fitting_nothing(path: Path, **job: int) -> pd.DataFrame:
+def _replay_search_fitting_nothing(path: Path, **job: Any) -> pd.DataFrame:
     """A 13B search at tp 1-2, pp 1 on 64 GPUs replaying `path`, which warns that nothing fits."""
     with pytest.warns(layoutsearch.NoLayoutFitsWarning):
         return layoutsearch.search(model="llama_13b", num_gpus=64, cost_model={
@@ -165,6 +172,16 @@ def test_a_search_over_a_job_the_file_never_ran_says_nothing_was_priced(
         "this job has seq_length=4096 where the nearest measured job has 2048, "
         f"global_batch_size=1024 where the nearest measured job has 2048 (rejects "
         f"{len(ranked)} of {len(ranked)} layouts)")
+
+
+def test_a_space_asking_for_a_knob_value_the_file_never_ran_names_it(runs_csv: Path) -> None:
+    # Every run in the file leaves the data-parallel overlap off; a space that turns it on
+    # (the default space does) has nothing measured, and the knob to pin is named.
+    ranked = _replay_search_fitting_nothing(runs_csv, seq_length=2048, global_batch_size=2048,
+                                            overlap_grad_reduce=[True])
+    assert ranked.attrs["message"].endswith(
+        f"no measurement of this layout in {runs_csv}, whose runs of this job never have "
+        f"overlap_grad_reduce=True (rejects {len(ranked)} of {len(ranked)} layouts)")
 
 
 def test_an_unknown_cost_model_lists_the_cost_models_only() -> None:
