@@ -149,6 +149,9 @@ class MeasurementFile:
         for column in missing:
             table[column] = str(OPTIONAL_DEFAULTS.get(column, ""))
         self._replace(lambda handle: table.to_csv(handle, index=False, lineterminator="\n"))
+        # The user's file changed shape: say so (a dataset of their own, named by mistake).
+        _tell(f"measurements: added column(s) {', '.join(missing)} to {self.path} for the "
+              f"runs measured now; its {len(table)} earlier rows are kept as written")
         return list(map(str, table.columns))
 
     def _append_parquet(self, row: Mapping[str, Any], empty: bool) -> None:

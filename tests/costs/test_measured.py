@@ -326,7 +326,7 @@ def test_every_key_column_is_recorded_so_a_rerun_finds_the_measurement(tmp_path)
 
 
 def test_appending_to_a_users_csv_keeps_its_rows_and_every_figure_of_the_new_one(
-        tmp_path, measurement_row):
+        tmp_path, measurement_row, capsys):
     # A file in the study's columns (no cp, vp, overlap_grad_reduce, normalization), its
     # last line without a newline, as a spreadsheet or a hand edit leaves it.
     path = tmp_path / "runs.csv"
@@ -343,6 +343,10 @@ def test_appending_to_a_users_csv_keeps_its_rows_and_every_figure_of_the_new_one
     assert new["overlap_grad_reduce"] and new["status"] == "ok"
     assert new["peak_memory_gib"] > 0 and new["log_path"].endswith(".log")
     assert "\r" not in path.read_text()
+    # The file changed shape, and the user is told.
+    told = capsys.readouterr().err
+    assert "measurements: added column(s) cp, vp, " in told
+    assert f"to {path} for the runs measured now; its 1 earlier rows are kept as written" in told
     again = fake_measured_model(tmp_path, top_k=1, measurements=path)
     layoutsearch.search(cost_model=again, search_space="default", tp=1, pp=1, cp=1, vp=1,
                         **JOB)
