@@ -171,6 +171,9 @@ def test_help_lists_exactly_the_config_groups(tmp_path: Path) -> None:
     listed = {line.split(":")[0] for line in groups.splitlines()[2:] if ":" in line}
     assert listed == set(GROUP_DIRS)
     assert "llama_13b" in groups and "a100_80gb" in groups and "paper" in groups
+    # cost_models/ also holds the Megatron-LM settings, which the list cannot tell apart.
+    assert done.stdout.startswith("layoutsearch: rank the parallelization layouts")
+    assert "cost_models/megatron is the Megatron-LM settings" in done.stdout
 
 
 @pytest.mark.parametrize(("override", "message"), [
