@@ -38,6 +38,7 @@ from layoutsearch.problem import SearchProblem
 from layoutsearch.results import (
     JOB,
     NOTED_FOR,
+    batch_note,
     close_call_note,
     fabric_note,
     failed_launches_note,
@@ -188,6 +189,7 @@ def search(
     ranked.attrs["fabric_note"] = _fabric_note(ranked, scorer, job)
     ranked.attrs["failed_launches_note"] = failed_launches_note(ranked)
     ranked.attrs["rejected_commands_note"] = rejected_commands_note(ranked)
+    ranked.attrs["batch_note"] = batch_note(ranked, job)
     ranked.attrs[NOTED_FOR] = notes_key(ranked)
     if message:
         warnings.warn(message, NoLayoutFitsWarning, stacklevel=2)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -155,6 +156,25 @@ MASKED_ATTENTION_SHARE = 0.2
 """Share of the study's counted FLOPs per token that is the masked half of causal attention
 from which a ranking says how its MFU reads: about seq_length 20k for an 8B model, 40k for
 a 70B (below it the two conventions differ by under 10 %)."""
+
+
+def batch_note(ranked: pd.DataFrame, job: Job) -> str:
+    """A note when the global batch caps data parallelism and the best layout sits at the
+    cap: dp must divide both the global batch and the GPUs (DOMAIN.md §6), so a batch with
+    few factors in common with the GPU count (2047, 1000 on 64 GPUs) forces model
+    parallelism the job would not otherwise need; "" otherwise."""
+    if ranked.empty or not bool(ranked["fits"].iloc[0]):
+        return ""
+    cap = math.gcd(job.global_batch_size, job.num_gpus)
+    if cap == job.num_gpus or int(ranked["dp"].iloc[0]) != cap:
+        return ""
+    # The nearest global batch of whole multiples of the GPU count lifts the cap.
+    suggested = job.num_gpus * max(1, round(job.global_batch_size / job.num_gpus))
+    return (f"global_batch_size={job.global_batch_size} caps data parallelism at dp={cap}: "
+            f"dp must divide the global batch and the {job.num_gpus} GPUs, and {cap} is the "
+            f"largest that divides both. The best layout sits at that cap, so the rest of the "
+            f"GPUs go to model parallelism; a global batch of {suggested} would let dp reach "
+            f"{job.num_gpus}.")
 
 
 def mfu_convention_note(ranked: pd.DataFrame, job: Job) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+import layoutsearch
 from layoutsearch.catalog import load_cluster, load_model
 from layoutsearch.layout import Layout
 from layoutsearch.results import (
@@ -79,6 +80,23 @@ def test_equal_mfu_puts_the_layout_with_less_own_work_first() -> None:
          "time_cp_comm_s": 0.0},
     ])
     assert rank(table)["attention"].tolist() == ["torch", "flash2", "flash1"]
+
+
+def test_a_global_batch_that_caps_data_parallelism_is_named() -> None:
+    # dp divides both the batch and the GPUs: 1000 and 64 share 8, so a 13B job that runs
+    # best at dp 32 with 1024 is pushed into tp·pp = 8.
+    capped = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=2048,
+                                 global_batch_size=1000)
+    assert capped.loc[0, "dp"] == 8
+    assert capped.attrs["batch_note"] == (
+        "global_batch_size=1000 caps data parallelism at dp=8: dp must divide the global "
+        "batch and the 64 GPUs, and 8 is the largest that divides both. The best layout sits "
+        "at that cap, so the rest of the GPUs go to model parallelism; a global batch of 1024 "
+        "would let dp reach 64.")
+    free = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=2048,
+                               global_batch_size=1024)
+    assert free.loc[0, "dp"] > 8 and free.attrs["batch_note"] == ""
+    assert free.loc[0, "mfu"] > capped.loc[0, "mfu"] + 0.05
 
 
 def test_no_message_when_something_fits() -> None:
