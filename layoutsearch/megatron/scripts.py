@@ -208,12 +208,15 @@ def _then_teardown(run: str, teardown: list[str]) -> list[str]:
 
 def write_script(command: MegatronCommand, settings: MegatronSettings, path: Path,
                  label: str = "", step_time_s: float | None = None) -> Path:
-    """Write the torchrun (one node) or sbatch (several) script; executable.
+    """Write the sbatch script (several nodes, or one where the settings are for Slurm: a
+    `slurm` mapping or the slurm launcher) or the torchrun script (one node); executable.
 
     `step_time_s`, the layout's predicted seconds per step, sizes the sbatch time limit;
     the torchrun script has none (it runs until torchrun ends).
     """
-    text = (torchrun_script(command, settings, label) if command.nodes == 1
+    # A one-node torchrun script would leave out the partition, account and setup lines.
+    on_slurm = bool(settings.slurm) or settings.launcher == "slurm"
+    text = (torchrun_script(command, settings, label) if command.nodes == 1 and not on_slurm
             else sbatch_script(command, settings, label, job_name=path.stem,
                                step_time_s=step_time_s))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -52,6 +52,22 @@ def test_one_node_script_quotes_everything(tmp_path):
     assert argv[-1] == "/tmp/$(rm -rf ~)"  # one literal argument, never run
 
 
+def test_one_node_with_slurm_settings_gets_an_sbatch_script(tmp_path):
+    # Its partition, account and setup lines would be lost in a torchrun script.
+    from layoutsearch.megatron.scripts import write_script
+    settings = MegatronSettings(slurm={"slurm_partition": "gpu",
+                                       "slurm_setup": ["module load cuda"]})
+    command = build_command(Layout(tp=8, dp=1), study_job("llama_13b", 2048, 8), settings)
+    text = write_script(command, settings, tmp_path / "run.sh").read_text()
+    assert "#SBATCH --partition=gpu" in text and "#SBATCH --nodes=1" in text
+    assert "module load cuda" in text and "srun --ntasks-per-node=1" in text
+    plain = write_script(command, MegatronSettings(), tmp_path / "plain.sh").read_text()
+    assert "#SBATCH" not in plain
+    launcher = write_script(command, MegatronSettings(launcher="slurm"),
+                            tmp_path / "submitted.sh").read_text()
+    assert "#SBATCH --nodes=1" in launcher
+
+
 def test_multi_node_sbatch_script_uses_slurm_rendezvous(tmp_path):
     settings = MegatronSettings(slurm={"slurm_partition": "gpu"})
     command = build_command(study_layout(128, 2, 4), study_job("llama_65b", 2048, 128), settings)
