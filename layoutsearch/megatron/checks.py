@@ -105,12 +105,17 @@ instead). The settings' env is exported after the layout's, so it would override
 def _repeats(extra_args: Sequence[str]) -> set[str]:
     """The dests of extra_args that repeat, with the same value, words every command carries
     (`--bf16`, `--log-interval 1`): the run is the same with them."""
-    fixed, _ = argument_parser().parse_known_args(list(EVERY_COMMAND_ARGS))
+    parser = argument_parser()
+    fixed, _ = parser.parse_known_args(list(EVERY_COMMAND_ARGS))
     try:
-        given, _ = argument_parser().parse_known_args(list(extra_args))
+        given, _ = parser.parse_known_args(list(extra_args))
     except ValueError:  # malformed (`--log-interval x`): not a repeat; validation says why
         return set()
-    return {dest for dest, value in vars(fixed).items() if getattr(given, dest) == value}
+    # Only what those words set: any other flag given at its default (--tensor-model-
+    # parallel-size 1) would still override the layout's value.
+    carried = {dest: value for dest, value in vars(fixed).items()
+               if value != parser.get_default(dest)}
+    return {dest for dest, value in carried.items() if getattr(given, dest) == value}
 
 
 def settings_conflicts(extra_args: Sequence[str], env: Mapping[str, str]) -> str:

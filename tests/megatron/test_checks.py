@@ -39,6 +39,11 @@ JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=20
                                "iteration))"),
     (["--log-interval", "5", "--log-interval", "1", "--tokenizer-type", "GPT2BPETokenizer"],
      "--tokenizer-type (from the synthetic data commands measure on)"),
+    # A layout flag at Megatron-LM's default is no repeat: the layout's own value is lost.
+    (["--tensor-model-parallel-size", "1"], "--tensor-model-parallel-size (from the "
+                                            "layout's tp)"),
+    (["--bf16", "--attention-dropout", "0.1"], "--attention-dropout (from the priced model "
+                                               "(no dropout))"),
 ])
 def test_extra_args_that_set_what_each_command_sets_are_refused(extra, named):
     with pytest.raises(LayoutSearchError) as caught:
