@@ -66,7 +66,7 @@ def rejected_commands_note(ranked: pd.DataFrame) -> str:
     rejected = ranked[ranked["reason"].str.startswith(COMMAND_REJECTED)]
     if rejected.empty:
         return ""
-    best = rejected.iloc[0]
+    best = rejected.loc[rejected["mfu"].idxmax()]
     layout = Layout.from_row({str(k): v for k, v in best.items()}).describe()
     gap = 100 * (float(best["mfu"]) - float(ranked["mfu"].iloc[0]))
     count = "1 layout" if len(rejected) == 1 else f"{len(rejected)} layouts"
@@ -304,8 +304,9 @@ def _own_work_s(scored: pd.DataFrame) -> np.ndarray:
 
 def rank(scored: pd.DataFrame) -> pd.DataFrame:
     """Feasible rows first by MFU; then the rest, the nearest to fitting in memory first
-    (largest headroom, i.e. the smallest overshoot), then by MFU (unpriced rows last);
-    a fresh 0..n-1 index.
+    (the smallest overshoot; rows with memory to spare, out for another reason such as a
+    command Megatron-LM would reject, count as no overshoot), then by MFU (unpriced rows
+    last); a fresh 0..n-1 index.
 
     Rows of equal MFU go in order of their own work, least first: where communication
     hides a kernel's time (flash1 and flash2 under context-parallel exchanges) the faster
@@ -314,7 +315,7 @@ def rank(scored: pd.DataFrame) -> pd.DataFrame:
     feasible = scored["fits"].to_numpy(dtype=bool)
     headroom = pd.to_numeric(scored.get("headroom_gib", pd.Series(np.nan, index=scored.index)),
                              errors="coerce").to_numpy(dtype=float)
-    nearest = np.where(feasible, 0.0, np.nan_to_num(headroom, nan=-np.inf))
+    nearest = np.where(feasible, 0.0, np.minimum(np.nan_to_num(headroom, nan=-np.inf), 0.0))
     mfu = np.nan_to_num(scored["mfu"].to_numpy(dtype=float), nan=-1.0)
     # np.lexsort is stable and sorts by its last key first.
     order = scored.iloc[np.lexsort((_own_work_s(scored), -mfu, -nearest, ~feasible))]

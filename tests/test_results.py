@@ -68,6 +68,18 @@ def test_rows_that_do_not_fit_come_nearest_first() -> None:
     assert rank(table)["tp"].tolist() == [2, 8, 1, 4]
 
 
+def test_rows_out_for_another_reason_than_memory_come_by_mfu() -> None:
+    # Commands Megatron-LM would reject: memory to spare, so no nearer to fitting than
+    # each other; the one that would run fastest is the one a user weighs first.
+    table = scored([
+        {"tp": 8, "mfu": 0.19, "headroom_gib": 60.0, "reason": "Megatron-LM would reject"},
+        {"tp": 1, "mfu": 0.58, "headroom_gib": 3.0, "reason": "Megatron-LM would reject"},
+        {"tp": 2, "mfu": 0.70, "headroom_gib": -5.0, "reason": "out of memory"},
+        {"tp": 4, "mfu": 0.50, "headroom_gib": 20.0, "fits": True},
+    ])
+    assert rank(table)["tp"].tolist() == [4, 1, 8, 2]
+
+
 def test_equal_mfu_puts_the_layout_with_less_own_work_first() -> None:
     # Context-parallel exchanges hide attention: flash1 and flash2 tie on step time, the
     # slower kernel's time hidden behind communication that flash2 leaves exposed.
