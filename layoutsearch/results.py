@@ -66,7 +66,7 @@ def rejected_commands_note(ranked: pd.DataFrame) -> str:
     rejected = ranked[ranked["reason"].str.startswith(COMMAND_REJECTED)]
     if rejected.empty:
         return ""
-    best = rejected.loc[rejected["mfu"].idxmax()]
+    best = rejected.iloc[int(np.nanargmax(rejected["mfu"].to_numpy(dtype=float)))]
     layout = Layout.from_row({str(k): v for k, v in best.items()}).describe()
     gap = 100 * (float(best["mfu"]) - float(ranked["mfu"].iloc[0]))
     count = "1 layout" if len(rejected) == 1 else f"{len(rejected)} layouts"

@@ -216,7 +216,8 @@ class MeasuredCostModel:
 
     def __init__(self, *, settings: MegatronSettings, measurements: str | Path,
                  launcher: Launcher | None = None, prescreen: CostModel | None = None,
-                 top_k: int | None = None, retry: Collection[str] = ()) -> None:
+                 top_k: int | None = None, retry: Collection[str] = (),
+                 prescreen_by_default: bool = False) -> None:
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
                                   or top_k <= 0):
             raise LayoutSearchError(f"measured.top_k={top_k!r}: must be a positive integer")
@@ -230,6 +231,8 @@ class MeasuredCostModel:
                 f"measured.measurements={measurements!r}: must be the path of the measurement "
                 "file each run is appended to (CSV, or Parquet by its suffix; the default "
                 "is measurements.csv)")
+        self.prescreen_by_default = prescreen_by_default
+        """Whether the prescreen is DEFAULT_PRESCREEN, taken because top_k named none."""
         self.retry = tuple(retry)
         """Statuses whose recorded layouts are launched again (a fixed flake, a longer
         time limit); the new row is appended and, being the last, is the one read."""
@@ -247,7 +250,8 @@ class MeasuredCostModel:
         top_k, timeout_s, retry (a status name or a list of them).
 
         `top_k` without a `prescreen` takes the analytic one (DEFAULT_PRESCREEN): top_k
-        means the best k, and unranked they would be the first k the space lists.
+        means the best k, and unranked they would be the first k the space lists;
+        `prescreen: false` asks for those.
         """
         known = {"megatron", "launcher", "measurements", "prescreen", "top_k", "timeout_s",
                  "retry"}
@@ -268,7 +272,9 @@ class MeasuredCostModel:
                     f"{source}: {given} (the measured cost model's own setting, which "
                     f"overrides the Megatron-LM settings'): {error}") from None
         prescreen = None
-        chosen = config.get("prescreen") or (DEFAULT_PRESCREEN if config.get("top_k") else None)
+        named = config.get("prescreen")
+        by_default = named is None and bool(config.get("top_k"))
+        chosen = DEFAULT_PRESCREEN if by_default else named
         if chosen:
             from layoutsearch.costs import build_cost_model  # the registry imports this module
 
@@ -284,7 +290,8 @@ class MeasuredCostModel:
         return cls(settings=settings,
                    measurements=config.get("measurements", "measurements.csv"),
                    prescreen=prescreen, top_k=config.get("top_k"),
-                   retry=[retry] if isinstance(retry, str) else list(retry))
+                   retry=[retry] if isinstance(retry, str) else list(retry),
+                   prescreen_by_default=by_default)
 
     def _prescreened(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
                      reasons: pd.Series) -> tuple[list[Any], pd.DataFrame | None]:
@@ -292,7 +299,17 @@ class MeasuredCostModel:
         one); the rows the prescreen predicts do not fit get that as their reason."""
         if self.prescreen is None:
             return list(candidates.index), None
-        prior = self.prescreen.score(candidates, clusters)
+        try:
+            prior = self.prescreen.score(candidates, clusters)
+        except LayoutSearchError as error:
+            if not self.prescreen_by_default:
+                raise
+            raise LayoutSearchError(
+                f"measured.top_k={self.top_k} launches the best {self.top_k} layouts by a "
+                f"prescreen, the {self.prescreen.name} model as none was named, which cannot "
+                f"price them: {error}. Name one that can (cost_models.prescreen=<a "
+                f"calibrated file or a replay>), or set cost_models.prescreen=false to launch "
+                f"the first {self.top_k} in the space's order; nothing was launched") from None
         fits = prior["fits"].fillna(False).astype(bool)
         reasons.loc[~fits] = (f"not measured: the {self.prescreen.name} model predicts it "
                               "does not fit: " + prior.loc[~fits, "cost_reason"].astype(str))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -217,6 +218,24 @@ def test_config_file_builds_the_model(tmp_path):
     best = build_cost_model("measured", top_k=3, measurements=str(tmp_path / "m.csv"))
     assert best.prescreen is not None and best.prescreen.name == "analytic"
     assert build_cost_model("measured", measurements=str(tmp_path / "m.csv")).prescreen is None
+    unranked = build_cost_model("measured", top_k=3, prescreen=False,
+                                measurements=str(tmp_path / "m.csv"))
+    assert unranked.prescreen is None and unranked.top_k == 3
+
+
+def test_a_prescreen_taken_by_default_that_cannot_price_the_gpu_says_what_to_do(tmp_path):
+    a100 = layoutsearch.load_cluster("a100_80gb")
+    mi300x = a100.replace(name="mi300x", gpu=dataclasses.replace(a100.gpu, name="mi300x"))
+    model = build_cost_model("measured", top_k=2, launcher="dry_run",
+                             measurements=str(tmp_path / "m.csv"))
+    with pytest.raises(layoutsearch.LayoutSearchError,
+                       match=r"^measured.top_k=2 launches the best 2 layouts by a prescreen, "
+                             r"the analytic model as none was named, which cannot price them: "
+                             r".*mi300x.*cost_models.prescreen=false to launch the first 2 in "
+                             r"the space's order; nothing was launched$"):
+        layoutsearch.search(model="llama_7b", cluster=mi300x, num_gpus=8, seq_length=2048,
+                            global_batch_size=128, cost_model=model)
+    assert not (tmp_path / "m.csv").exists()
 
 
 SMALL_JOB = dict(model="llama_7b", num_gpus=8, seq_length=2048, global_batch_size=64)
