@@ -74,12 +74,16 @@ def _bus_bandwidth(sh: Shapes, k: Mapping[str, Array], size: Array, stride: Arra
     Such groups tile blocks of size·stride consecutive ranks from rank 0: they stay inside
     nodes when the blocks do (or the job has one node). A block that straddles a node
     boundary (tp 4 on 6-GPU nodes) puts a group across it, and the slowest group paces
-    the step.
+    the step: the one with the fewest ranks on a node. Node boundaries fall on multiples of
+    gpus_per_node, so the smallest part of a block they cut is gcd(gpus_per_node, block)
+    ranks, holding gcd / stride of its group's ranks (at least one); a block of whole nodes
+    has gpus_per_node / stride on each.
     """
     block = size * stride
-    inside = (sh.num_gpus <= sh.gpus_per_node) | (
-        (block <= sh.gpus_per_node) & (sh.gpus_per_node % block == 0))
-    ranks_per_node = np.clip(sh.gpus_per_node // np.maximum(stride, 1), 1, size)
+    nodes = sh.gpus_per_node
+    inside = (sh.num_gpus <= nodes) | ((block <= nodes) & (nodes % block == 0))
+    cut = np.gcd(nodes.astype(np.int64), block.astype(np.int64))
+    ranks_per_node = np.clip(cut // np.maximum(stride, 1), 1, size)
     return _link_bandwidth(sh, k, inside, ranks_per_node)
 
 
