@@ -70,10 +70,10 @@ def rejected_commands_note(ranked: pd.DataFrame) -> str:
     layout = Layout.from_row({str(k): v for k, v in best.items()}).describe()
     gap = 100 * (float(best["mfu"]) - float(ranked["mfu"].iloc[0]))
     count = "1 layout" if len(rejected) == 1 else f"{len(rejected)} layouts"
+    why = _rule_summary(rejected["reason"].str.removeprefix(COMMAND_REJECTED), of=len(ranked))
     return (f"{count} the cost model found to fit rank after every layout that fits, as "
             f"Megatron-LM would reject {'its' if len(rejected) == 1 else 'their'} command "
-            f"with megatron.extra_args: "
-            f"{_rule_summary(rejected['reason'].str.removeprefix(COMMAND_REJECTED))}. The "
+            f"with megatron.extra_args: {why}. The "
             f"best of them, {layout}, has MFU {float(best['mfu']):.3f} ({abs(gap):.1f} points "
             f"{'above' if gap > 0 else 'below'} the best that fits); without those flags it "
             "would rank by its MFU.")
@@ -328,12 +328,13 @@ def rank(scored: pd.DataFrame) -> pd.DataFrame:
     return ranked
 
 
-def _rule_summary(reasons: pd.Series, top: int = 3) -> str:
+def _rule_summary(reasons: pd.Series, top: int = 3, of: int | None = None) -> str:
     """The rules that reject most layouts, each with one example and its row count.
 
     A row may break several rules ("a; b"); rules are told apart by their text without
     the parenthesized values, so 'global_batch_size (3) must divide by ... (1·8)' and
-    '... (2·8)' count as one rule.
+    '... (2·8)' count as one rule. Counts are out of `of` layouts (default: the reasons
+    given), so that a summary of some of a ranking's rows counts them out of all of it.
     """
     clauses = reasons[reasons != ""].str.split("; ").explode()
     broken = pd.DataFrame({
@@ -345,7 +346,7 @@ def _rule_summary(reasons: pd.Series, top: int = 3) -> str:
         layouts=("row", "size"), example=("example", "first")
     ).sort_values("layouts", ascending=False, kind="stable").head(top)
     return "; ".join(
-        f"{example} (rejects {layouts} of {len(reasons)} layouts)"
+        f"{example} (rejects {layouts} of {len(reasons) if of is None else of} layouts)"
         for example, layouts in zip(counts["example"], counts["layouts"], strict=True)
     )
 
@@ -371,11 +372,12 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
     rejected = ranked["reason"].str.startswith(COMMAND_REJECTED)
     if rejected.any():
         # They fit in memory; the settings' extra flags are what stops every one of them.
+        why = _rule_summary(ranked["reason"][rejected].str.removeprefix(COMMAND_REJECTED),
+                            of=len(ranked))
         return (f"no layout can be launched: the {int(rejected.sum())} layouts the cost "
                 f"model found to fit all have commands Megatron-LM would reject with the "
-                f"settings' extra flags: "
-                f"{_rule_summary(ranked['reason'][rejected].str.removeprefix(COMMAND_REJECTED))}"
-                f"; change megatron.extra_args, or the search space")
+                f"settings' extra flags: {why}; change megatron.extra_args, or the search "
+                f"space")
     priced = ranked[ranked["peak_memory_gib"].notna()]
     limit = job.cluster.gpu.memory_gib
     unpriced = int(ranked["reason"].str.startswith(UNMEASURED).sum())
@@ -385,7 +387,7 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
         unpriced_reasons = ranked["reason"][ranked["reason"].str.startswith(UNMEASURED)]
         return (f"no layout was priced: {passing_rules} of {len(ranked)} layouts pass the "
                 f"rules, and the cost model has no figures for any of them: "
-                f"{_rule_summary(unpriced_reasons, top=4)}")
+                f"{_rule_summary(unpriced_reasons, top=4, of=len(ranked))}")
     failed = ranked["reason"].str.startswith(MEASURED_FAILURE)
     if priced.empty and failed.any():
         # What the launches said comes first, however many layouts were not launched.
@@ -396,14 +398,14 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
             return message
         return (f"{message}; of the {len(ranked)} layouts, {passing_rules} pass the rules "
                 f"and the others were not launched: "
-                f"{_rule_summary(ranked['reason'][~failed], top=3)}")
+                f"{_rule_summary(ranked['reason'][~failed], top=3, of=len(ranked))}")
     if priced.empty and passing_rules:
         # What was measured (out of memory, say) first, then what never was, by the knob.
         unmeasured = ranked["reason"].str.startswith(UNMEASURED)
-        known = _rule_summary(ranked["reason"][~unmeasured], top=3)
+        known = _rule_summary(ranked["reason"][~unmeasured], top=3, of=len(ranked))
         return (f"no layout fits: {passing_rules} of {len(ranked)} layouts pass the rules, "
                 f"and the cost model found none of them to fit: {known}"
-                + (f"; {_rule_summary(ranked['reason'][unmeasured], top=2)}"
+                + (f"; {_rule_summary(ranked['reason'][unmeasured], top=2, of=len(ranked))}"
                    if unmeasured.any() else ""))
     if priced.empty:
         message = f"no layout passes the rules: {_rule_summary(ranked['reason'])}"

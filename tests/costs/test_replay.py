@@ -155,7 +155,7 @@ def test_a_search_over_out_of_memory_runs_alone_says_the_cost_model_found_no_fit
     # The layouts pass the rules; the measurements are what rules them out.
     assert message.startswith("no layout fits: ") and "pass the rules, and the cost model " \
         "found none of them to fit" in message
-    assert "measured: out of memory (rejects 1 of" in message
+    assert f"measured: out of memory (rejects 1 of {len(ranked)} layouts)" in message
     assert "no layout passes the rules" not in message
 
 

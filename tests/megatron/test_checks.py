@@ -196,7 +196,7 @@ def test_when_the_extra_flags_reject_every_fitting_layout_the_message_says_so():
         f"no layout can be launched: the {rejected} layouts the cost model found to fit all "
         "have commands Megatron-LM would reject with the settings' extra flags: "
         "interleaving_pp: interleaved schedule needs pp > 2, got 2 (rejects "
-        f"{rejected} of {rejected} layouts); change megatron.extra_args, or the search space")
+        f"{rejected} of {len(ranked)} layouts); change megatron.extra_args, or the search space")
 
 
 def test_launch_scripts_are_written_only_when_their_commands_start(tmp_path: Path):
