@@ -463,8 +463,13 @@ def check_output_dirs(argv: Sequence[str]) -> None:
         if not isinstance(value, str) or "${" in value:
             continue
         path = Path(value).expanduser()
-        existing = next(p for p in (path, *path.parents) if p.exists() or p == Path("."))
+        existing = next(p for p in (path, *path.parents)
+                        if p.exists() or p.is_symlink() or p == Path("."))
         where = f"{override.key_or_group}={value}"
+        if existing.is_symlink() and not existing.exists():
+            raise LayoutSearchError(f"{where}: {existing} is a symbolic link to "
+                                    f"{os.readlink(existing)}, which does not exist; make that "
+                                    "folder, or name another")
         if not existing.is_dir():
             named = "is a file" if existing == path else f"lies under {existing}, a file"
             raise LayoutSearchError(f"{where}: {named}; the outputs go into a folder (name a "

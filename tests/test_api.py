@@ -391,6 +391,10 @@ def test_a_ranking_saved_as_parquet_keeps_its_job_and_settings(tmp_path: Path) -
     emit_megatron(back, tmp_path / "run", top_k=2)
     script = sorted((tmp_path / "run" / "megatron").glob("*.sh"))[0].read_text()
     assert "--seed 7" in script and str(tmp_path) in script
+    # A job without its settings (set by hand) gets the shipped ones.
+    del back.attrs["megatron_settings"]
+    emit_megatron(back, tmp_path / "shipped", top_k=1)
+    assert "--seed" not in next((tmp_path / "shipped" / "megatron").glob("*.sh")).read_text()
     bare = back.copy()
     bare.attrs.clear()  # as pd.concat leaves it
     with pytest.raises(LayoutSearchError, match=r"^report\(result\): the frame's "

@@ -573,6 +573,12 @@ def test_an_output_folder_that_is_a_file_is_refused(tmp_path: Path, setting: str
             f"{setting}={afile}/run/1: lies under {afile}, a file; the outputs go into")):
         check_output_dirs([f"{setting}={afile}/run/1"])
     check_output_dirs([f"{setting}=relative/run"])  # under the folder the command runs in
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "gone")
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            f"{setting}={dangling}/run: {dangling} is a symbolic link to {tmp_path / 'gone'}, "
+            "which does not exist")):
+        check_output_dirs([f"{setting}={dangling}/run"])
     assert afile.read_text() == "kept\n"
 
 

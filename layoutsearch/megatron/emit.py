@@ -173,7 +173,8 @@ def emit_megatron(ranked: pd.DataFrame, output_dir: Path, top_k: int = 5) -> Non
     run the commands the ranking shows.
     """
     job = job_of(ranked, "emit=megatron")
-    settings = resolve_settings(ranked.attrs[MEGATRON_SETTINGS])
+    # A ranking without them (its job set by hand) gets the shipped settings.
+    settings = resolve_settings(ranked.attrs.get(MEGATRON_SETTINGS))
     if not ranked["fits"].astype(bool).any():
         print("wrote no Megatron-LM launch scripts: no layout fits")
         return
