@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from layoutsearch.megatron.emit import (
     MEGATRON_SETTINGS,
     SettingsSpec,
     check_settings,
-    without_rejected_commands,
+    command_rejections,
 )
 from layoutsearch.megatron.launchers import DRY_RUN_WROTE
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
@@ -148,11 +149,12 @@ def search(
     scorer = build_cost_model(cost_model)
     # A wrong one fails before the search.
     settings = _megatron_settings(megatron, scorer, job.cluster.gpu.name)
-    problem = SearchProblem.build(job, space, scorer, clusters)
+    launch_check = (partial(command_rejections, job=job, settings=settings)
+                    if settings.extra_args else None)
+    problem = SearchProblem.build(job, space, scorer, clusters, launch_check)
     check_settings(problem.feasible_candidates(), job, settings)
     searcher = build_driver(driver)
-    ranked = _dry_run_scripts_first(without_rejected_commands(
-        rank(searcher.run(problem)), job, settings))
+    ranked = _dry_run_scripts_first(rank(searcher.run(problem)))
     fitting = ranked.index[ranked["fits"].eq(True)][:MEGATRON_ARGS_ROWS]
     ranked["megatron_args"] = ""
     if len(fitting):

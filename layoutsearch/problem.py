@@ -6,11 +6,15 @@ expensive backend never launches a layout that cannot run.
 
     problem = SearchProblem.build(job, space, cost_model, clusters)
     scored = problem.evaluate(problem.feasible_candidates())
+
+A `launch_check` (the Megatron-LM settings' extra flags, checked per command) marks layouts
+the cost model finds to fit but that cannot be launched as not fitting, with its reason, so
+every driver (a sampler's trials, the study's rules) steers by what can run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,14 +63,19 @@ class SearchProblem:
     """Every layout of the space with a `rule_reason` column ("" where all rules pass)."""
     cost_model: CostModel
     clusters: Mapping[str, ClusterSpec]
+    launch_check: Callable[[pd.DataFrame], pd.Series] | None = None
+    """Why each of some rows cannot be launched ("" where it can), asked of the rows the
+    cost model finds to fit; None: every layout that passes the rules can be."""
 
     @classmethod
     def build(cls, job: Job, space: SearchSpace, cost_model: CostModel,
-              clusters: Mapping[str, ClusterSpec]) -> SearchProblem:
+              clusters: Mapping[str, ClusterSpec],
+              launch_check: Callable[[pd.DataFrame], pd.Series] | None = None,
+              ) -> SearchProblem:
         candidates = space.candidates(job)
         require_a_dividing_batch(job, candidates)
         candidates["rule_reason"] = violations(candidates, clusters)
-        return cls(job, space, candidates, cost_model, clusters)
+        return cls(job, space, candidates, cost_model, clusters, launch_check)
 
     def feasible_candidates(self) -> pd.DataFrame:
         """Rows that pass every rule (memory is the cost model's call)."""
@@ -103,4 +112,9 @@ class SearchProblem:
         out["reason"] = np.where(
             out["rule_reason"] != "", out["rule_reason"], cost_reason
         )
+        if self.launch_check is not None and out["fits"].any():
+            refused = self.launch_check(out[out["fits"]])
+            refused = refused[refused != ""]
+            out.loc[refused.index, "fits"] = False
+            out.loc[refused.index, "reason"] = refused
         return out.drop(columns=["rule_reason", "cost_reason"])

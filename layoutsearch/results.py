@@ -53,7 +53,7 @@ def headroom_note(ranked: pd.DataFrame) -> str:
 
 COMMAND_REJECTED = "Megatron-LM would reject its command with the settings' extra flags: "
 """How `reason` starts for a layout the cost model found to fit whose command Megatron-LM
-rejects once megatron.extra_args are added (emit.without_rejected_commands): it cannot be
+rejects once megatron.extra_args are added (emit.command_rejections): it cannot be
 launched as the settings stand, so it ranks after every layout that can."""
 
 

@@ -21,7 +21,6 @@ from layoutsearch.megatron.scripts import write_script
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.megatron.validation import Problem
 from layoutsearch.results import COMMAND_REJECTED, job_of
-from layoutsearch.results import rank as rank_rows
 from layoutsearch.specs import Job
 
 SettingsSpec = str | Path | Mapping[str, Any] | MegatronSettings | None
@@ -56,34 +55,29 @@ def check_settings(candidates: pd.DataFrame, job: Job, settings: MegatronSetting
             raise LayoutSearchError(f"{refusal}; nothing was searched")
 
 
-def without_rejected_commands(ranked: pd.DataFrame, job: Job, settings: MegatronSettings,
-                              ) -> pd.DataFrame:
-    """`ranked` with the fitting layouts whose command Megatron-LM would reject with the
-    settings' extra flags marked as not fitting (reason COMMAND_REJECTED...), ranked again.
+def command_rejections(rows: pd.DataFrame, job: Job, settings: MegatronSettings,
+                       ) -> pd.Series:
+    """Why Megatron-LM would reject each row's command with the settings' extra flags
+    (COMMAND_REJECTED + its rule), "" where it would start; on the rows' index.
 
     A flag may break some layouts only: after --no-overlap-p2p-communication, interleaving
-    needs pp > 2. Every fitting row is checked, so that `fits` means the same down the whole
-    table (about 0.4 ms a layout). Without extra flags every layout that passes the rules
-    gets a command Megatron-LM accepts, so nothing is checked (tests/megatron/test_args.py
-    checks that on two jobs of the default space).
+    needs pp > 2. A search checks the layouts its cost model finds to fit (about 0.3 ms
+    each), so that `fits` means "can be launched as the settings stand" for every driver.
+    Without extra flags every layout that passes the rules gets a command Megatron-LM
+    accepts, so nothing is checked (tests/megatron/test_args.py checks that on two jobs of
+    the default space).
     """
+    reasons = pd.Series("", index=rows.index, dtype=object)
     if not settings.extra_args:
-        return ranked
-    columns = [c for c in LAYOUT_COLUMNS if c in ranked.columns]
-    fitting = ranked.loc[ranked["fits"].eq(True), columns]
-    rejected: dict[Any, str] = {}
-    for i, values in zip(fitting.index, fitting.itertuples(index=False, name=None),
+        return reasons
+    columns = [c for c in LAYOUT_COLUMNS if c in rows.columns]
+    for i, values in zip(rows.index, rows[columns].itertuples(index=False, name=None),
                          strict=True):
         command = _command(dict(zip(columns, values, strict=True)), job, settings)
         error = rejection(command, command.env) if command else None
         if error:
-            rejected[i] = f"{COMMAND_REJECTED}{error.rule}: {error.message}"
-    if not rejected:
-        return ranked
-    marked = ranked.copy()
-    marked.loc[list(rejected), "fits"] = False
-    marked.loc[list(rejected), "reason"] = pd.Series(rejected)
-    return rank_rows(marked)
+            reasons.loc[i] = f"{COMMAND_REJECTED}{error.rule}: {error.message}"
+    return reasons
 
 
 MEGATRON_SETTINGS = "megatron_settings"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import optuna
 import pytest
 
 import layoutsearch
@@ -182,6 +183,22 @@ def test_every_command_the_ranking_shows_starts_with_the_extra_flags():
     assert " points below the best that fits" in note
     assert layoutsearch.search(search_space="default", tp=[1, 2], pp=[2, 4], vp=[1, 2],
                                **JOB).attrs["rejected_commands_note"] == ""
+
+
+def test_a_sampler_learns_which_layouts_the_extra_flags_make_unlaunchable(tmp_path: Path):
+    # The check is part of pricing a layout, so an optuna trial of a pp 2 interleaved layout
+    # is stored as not fitting, with why, and the sampler steers away from it.
+    storage = f"sqlite:///{tmp_path}/study.db"
+    ranked = layoutsearch.search(
+        search_space="default", tp=[1, 2], pp=[2, 4], vp=[2], megatron={
+            "extra_args": ["--no-overlap-p2p-communication"]},
+        driver={"name": "optuna", "n_trials": 12, "seed": 0, "storage": storage,
+                "study_name": "flags", "progress": False}, **JOB)
+    trials = optuna.load_study(study_name="flags", storage=storage).get_trials()
+    pp2 = [t for t in trials if t.user_attrs.get("reason", "").startswith(COMMAND_REJECTED)]
+    assert pp2 and all(t.constraints == {"fits": 1.0} for t in pp2)
+    assert set(ranked.loc[ranked["reason"].str.startswith(COMMAND_REJECTED), "pp"]) == {2}
+    assert set(ranked.loc[ranked["fits"], "pp"]) == {4}
 
 
 def test_when_the_extra_flags_reject_every_fitting_layout_the_message_says_so():
