@@ -220,10 +220,18 @@ def _dry_run_scripts_first(ranked: pd.DataFrame) -> pd.DataFrame:
 def _megatron_settings(megatron: SettingsSpec, scorer: CostModel, gpu: str,
                        ) -> MegatronSettings:
     """The settings the `megatron_args` column is built with: those named, else the ones a
-    measured cost model launches with, so the column is the command that ran. Under an
+    measured cost model launches with, so the column is the command that ran (other
+    settings named beside a measured cost model are refused). Under an
     analytic model the gradient reduce, unless the settings fix it, is the one it priced
     (`gradient_bytes` 2: --grad-reduce-in-bf16)."""
-    if megatron is None and isinstance(scorer, MeasuredCostModel):
+    if isinstance(scorer, MeasuredCostModel):
+        if megatron is not None and resolve_settings(megatron) != scorer.settings:
+            # The column and emit=megatron scripts would not be the commands that ran.
+            raise LayoutSearchError(
+                f"megatron={megatron!r:.80}: differs from the Megatron-LM settings the "
+                "measured cost model launches with (cost_models.megatron); the megatron_args "
+                "column and emit=megatron scripts show the commands it runs, so leave "
+                "megatron out, or name these settings in cost_models.megatron")
         return scorer.settings
     settings = resolve_settings(megatron)
     if (settings.grad_reduce_in_bf16 is None and isinstance(scorer, AnalyticCostModel)

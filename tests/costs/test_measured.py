@@ -206,6 +206,20 @@ def test_an_attention_switch_inherited_from_the_shell_cannot_stop_the_run(
     assert scored["measured_status"].iloc[0] == "ok" and model.launched == 1
 
 
+def test_other_megatron_settings_beside_a_measured_model_are_refused_before_launching(
+        tmp_path):
+    # The megatron_args column would show --seed 3 while the runs went without it.
+    model = fake_measured_model(tmp_path, top_k=1)
+    with pytest.raises(layoutsearch.LayoutSearchError,
+                       match=r"^megatron=\{'extra_args': \['--seed', '3'\]\}: differs from the "
+                             r"Megatron-LM settings the measured cost model launches with"):
+        layoutsearch.search(cost_model=model, megatron={"extra_args": ["--seed", "3"]}, **JOB)
+    assert model.launched == 0
+    # The same settings, named twice, are the same commands.
+    same = layoutsearch.search(cost_model=model, megatron=model.settings, **JOB)
+    assert same["fits"].any()
+
+
 def test_config_file_builds_the_model(tmp_path):
     model = build_cost_model("measured", prescreen="analytic", top_k=8,
                              measurements=str(tmp_path / "m.csv"), launcher="dry_run")
