@@ -186,7 +186,7 @@ def search(
     ranked.attrs["space_size"] = len(problem.candidates)
     ranked.attrs["message"] = message or ""
     ranked.attrs["headroom_note"] = headroom_note(ranked)
-    ranked.attrs["close_call_note"] = _close_call_note(ranked, scorer, searcher, job)
+    ranked.attrs["close_call_note"] = _close_call_note(ranked, scorer, searcher, job, megatron)
     ranked.attrs["mfu_convention_note"] = mfu_convention_note(ranked, job)
     ranked.attrs["fabric_note"] = _fabric_note(ranked, scorer, job)
     ranked.attrs["failed_launches_note"] = failed_launches_note(ranked)
@@ -242,14 +242,16 @@ def _megatron_settings(megatron: SettingsSpec, scorer: CostModel, gpu: str,
 
 
 def _close_call_note(ranked: pd.DataFrame, scorer: CostModel, searcher: Driver, job: Job,
-                     ) -> str:
+                     megatron: SettingsSpec) -> str:
     """The close-call note of an exhaustive analytic ranking; "" for any other: measured
     MFUs (replay, measured) carry no model error, and a sampling driver's table lacks the
-    layouts it never scored."""
+    layouts it never scored. The measured search it suggests launches with the settings
+    `megatron` names, where a name or path can say them on a command line."""
     if not (isinstance(scorer, AnalyticCostModel) and isinstance(searcher, GridDriver)):
         return ""
+    named = str(megatron) if isinstance(megatron, str | Path) else ""
     # A layout's command caveats (e.g. flash1) come from the layout and model alone.
-    return close_call_note(ranked, prescreen=lambda: _constants_name(scorer),
+    return close_call_note(ranked, prescreen=lambda: _constants_name(scorer), settings=named,
                            launchable=lambda row: build_command(Layout.from_row(row), job).exact)
 
 

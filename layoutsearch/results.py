@@ -117,7 +117,8 @@ CLOSE_CALL_MAX_TRIALS = 8
 
 def close_call_note(ranked: pd.DataFrame, *,
                     launchable: Callable[[dict[str, Any]], bool] = lambda row: True,
-                    prescreen: Callable[[], str] = lambda: "analytic") -> str:
+                    prescreen: Callable[[], str] = lambda: "analytic",
+                    settings: str = "") -> str:
     """A note when other fitting layouts are within CLOSE_CALL_GAP of the best's predicted
     MFU, naming the next one and the measured search that settles the order; "" otherwise.
 
@@ -125,7 +126,8 @@ def close_call_note(ranked: pd.DataFrame, *,
     Only rows `launchable` says a measured search would launch (one whose Megatron-LM
     command runs the layout as asked) are counted, named and suggested for measuring;
     `prescreen()` names the cost model the suggested measured search ranks with (asked only
-    when there is a note: finding the name may read files).
+    when there is a note: finding the name may read files); `settings` names the
+    Megatron-LM settings it launches with ("" for the shipped ones).
     """
     if ranked.empty or not bool(ranked["fits"].iloc[0]):
         return ""
@@ -149,7 +151,8 @@ def close_call_note(ranked: pd.DataFrame, *,
             f"); on the study's runs {100 * CLOSE_CALL_WRONG_ORDER:.0f} % of the layout pairs "
             f"the shipped analytic model predicted this close ran in the other order. Measure "
             f"the top {trials} before committing: cost_models=measured "
-            f"cost_models.prescreen={prescreen()} cost_models.top_k={trials}{launcher}.")
+            f"cost_models.prescreen={prescreen()} cost_models.top_k={trials}{launcher}"
+            + (f" cost_models.megatron={settings}" if settings else "") + ".")
 
 
 MASKED_ATTENTION_SHARE = 0.2

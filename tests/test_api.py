@@ -412,6 +412,15 @@ def test_megatron_arguments_follow_the_megatron_settings_given(tmp_path: Path) -
         search(**JOB, megatron="megatrom")
 
 
+def test_a_close_call_suggests_measuring_with_the_settings_named(tmp_path: Path) -> None:
+    site = tmp_path / "site.yaml"
+    site.write_text(f"megatron_path: {tmp_path}\nextra_args: [--seed, '7']\n")
+    study = {**JOB, "vocab_size": 128000}  # its runners-up are within 5 %
+    note = search(**study, megatron=str(site)).attrs["close_call_note"]
+    assert note.endswith(f"cost_models.launcher=slurm cost_models.megatron={site}.")
+    assert "cost_models.megatron" not in search(**study).attrs["close_call_note"]
+
+
 def test_megatron_arguments_are_built_for_the_best_fitting_rows_only(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(layoutsearch.api, "MEGATRON_ARGS_ROWS", 3)
