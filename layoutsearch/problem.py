@@ -112,9 +112,15 @@ class SearchProblem:
         out["reason"] = np.where(
             out["rule_reason"] != "", out["rule_reason"], cost_reason
         )
-        if self.launch_check is not None and out["fits"].any():
-            refused = self.launch_check(out[out["fits"]])
-            refused = refused[refused != ""]
-            out.loc[refused.index, "fits"] = False
-            out.loc[refused.index, "reason"] = refused
-        return out.drop(columns=["rule_reason", "cost_reason"])
+        return self.unlaunchable_refused(out.drop(columns=["rule_reason", "cost_reason"]))
+
+    def unlaunchable_refused(self, priced: pd.DataFrame) -> pd.DataFrame:
+        """`priced` (with `fits` and `reason`) with the fitting rows `launch_check` refuses
+        marked as not fitting, with its reason; as given without a check."""
+        if self.launch_check is None or not priced["fits"].any():
+            return priced
+        refused = self.launch_check(priced[priced["fits"]])
+        refused = refused[refused != ""]
+        priced.loc[refused.index, "fits"] = False
+        priced.loc[refused.index, "reason"] = refused
+        return priced

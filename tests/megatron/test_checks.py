@@ -201,6 +201,22 @@ def test_a_sampler_learns_which_layouts_the_extra_flags_make_unlaunchable(tmp_pa
     assert set(ranked.loc[ranked["fits"], "pp"]) == {4}
 
 
+def test_a_study_resumed_with_extra_flags_checks_the_prices_it_stored_without_them(
+        tmp_path: Path):
+    space = dict(search_space="default", tp=[1, 2], pp=[2, 4], vp=[2])
+    driver = {"name": "optuna", "n_trials": 10, "seed": 0, "progress": False,
+              "storage": f"sqlite:///{tmp_path}/study.db", "study_name": "resumed"}
+    first = layoutsearch.search(**space, driver=driver, **JOB)
+    assert set(first.loc[first["fits"], "pp"]) == {2, 4}
+    again = layoutsearch.search(**space, driver=driver, megatron={
+        "extra_args": ["--no-overlap-p2p-communication"]}, **JOB)
+    assert len(again) == len(first)  # nothing priced anew: the budget was spent
+    assert set(again.loc[again["fits"], "pp"]) == {4}
+    rejected = again["reason"].str.startswith(COMMAND_REJECTED)
+    assert set(again.loc[rejected, "pp"]) == {2}
+    assert rejected.sum() == (first["fits"] & first["pp"].eq(2)).sum()
+
+
 def test_when_the_extra_flags_reject_every_fitting_layout_the_message_says_so():
     settings = {"extra_args": ["--no-overlap-p2p-communication"]}
     with pytest.warns(layoutsearch.NoLayoutFitsWarning):

@@ -335,7 +335,8 @@ class OptunaDriver:
             costs[column] = pd.to_numeric(costs[column], errors="coerce")
         costs["fits"] = costs["fits"].fillna(False).astype(bool)
         costs["reason"] = costs["reason"].fillna("").astype(str)
-        out = rows.drop(columns="rule_reason").join(costs)
+        # Stored prices may predate the settings' extra flags (a study resumed with them).
+        out = problem.unlaunchable_refused(rows.drop(columns="rule_reason").join(costs))
         out["trial"] = np.array([t.number for t in evaluated], dtype=np.int64)
         if len(self.objectives) > 1:
             out["pareto"] = out["trial"].isin({t.number for t in study.best_trials})
