@@ -369,7 +369,9 @@ def read_table(path: str | Path) -> pd.DataFrame:
         raise LayoutSearchError(f"measurement file {str(path)!r} is a folder; name the CSV or "
                                 "Parquet file in it")
     if not path.is_file():
-        raise LayoutSearchError(f"measurement file {str(path)!r} does not exist")
+        # A pipe or a device would be read once, or block: a file is what can be read again.
+        what = "is not a regular file" if path.exists() else "does not exist"
+        raise LayoutSearchError(f"measurement file {str(path)!r} {what}")
     parquet = is_parquet(path)
     lines = [] if parquet else _record_lines(path)  # refuses a line longer than the header
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,13 @@ def test_a_blank_cell_of_a_0_1_column_is_named_at_its_row(
 def test_missing_file() -> None:
     with pytest.raises(LayoutSearchError, match=r"measurement file '/nonexistent.csv' does not"):
         read_measurements("/nonexistent.csv")
+
+
+def test_a_pipe_is_not_a_measurement_file(tmp_path: Path) -> None:
+    pipe = tmp_path / "runs.csv"
+    os.mkfifo(pipe)
+    with pytest.raises(LayoutSearchError, match=r"runs.csv' is not a regular file$"):
+        read_measurements(pipe)
 
 
 def test_a_folder_is_not_a_measurement_file(tmp_path: Path) -> None:
