@@ -96,6 +96,8 @@ def unwritable_file(path: str | Path) -> str | None:
 def _unwritable(path: Path, text: str) -> str | None:
     if text.endswith(("/", "\\")) or path.is_dir():
         return "is a folder, not a file"
+    if path.exists() and not path.is_file():
+        return "is not a regular file (a pipe or a device: writing to it would block or be lost)"
     if path.exists():
         return None if os.access(path, os.W_OK) else "is not writable"
     folder = path.parent

@@ -510,15 +510,19 @@ def test_a_measured_prescreen_is_refused_it_would_launch_every_candidate(tmp_pat
     assert launches(tmp_path) == []
 
 
-@pytest.mark.parametrize("where", ["folder", "under_a_file"])
+@pytest.mark.parametrize("where", ["folder", "under_a_file", "pipe"])
 def test_a_measurement_file_that_cannot_be_written_stops_before_any_launch(tmp_path, where):
     # A folder given as the file: each run finished, then its row failed to append
-    # (IsADirectoryError), so the training run was lost.
+    # (IsADirectoryError), so the training run was lost. A pipe blocked the search forever.
     (tmp_path / "folder").mkdir()
     (tmp_path / "afile").write_text("kept\n")
-    path = {"folder": tmp_path / "folder", "under_a_file": tmp_path / "afile" / "m.csv"}[where]
+    os.mkfifo(tmp_path / "pipe.csv")
+    path = {"folder": tmp_path / "folder", "under_a_file": tmp_path / "afile" / "m.csv",
+            "pipe": tmp_path / "pipe.csv"}[where]
     message = {"folder": "is a folder, not a file",
-               "under_a_file": "lies under .*afile, which is a file, not a folder"}[where]
+               "under_a_file": "lies under .*afile, which is a file, not a folder",
+               "pipe": r"is not a regular file \(a pipe or a device: writing to it would "
+                       r"block or be lost\)"}[where]
     model = MeasuredCostModel(settings=fake_megatron_settings(tmp_path), measurements=path,
                               prescreen=build_cost_model("analytic"), top_k=2)
     with pytest.raises(layoutsearch.LayoutSearchError,
