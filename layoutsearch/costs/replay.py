@@ -179,10 +179,12 @@ class ReplayCostModel:
         reason = pd.Series(status).map(FAILED_REASONS).fillna("").to_numpy(dtype=object)
         unmeasured = status == "unmeasured"
         reason[unmeasured] = f"{UNMEASURED}no measurement of this layout in {self.source}"
-        unseen = _unseen_values(keys, self.measured)
-        never = unmeasured & (unseen != "")
-        reason[never] = (f"{UNMEASURED}no measurement of this layout in {self.source}, "
-                         "whose runs of this job never have ") + unseen[never]
+        if unmeasured.any():  # an optuna trial's one measured row needs no merges
+            unseen = np.full(len(keys), "", dtype=object)
+            unseen[unmeasured] = _unseen_values(keys[unmeasured], self.measured)
+            never = unseen != ""
+            reason[never] = (f"{UNMEASURED}no measurement of this layout in {self.source}, "
+                             "whose runs of this job never have ") + unseen[never]
         # One message per job the file never measured (a search has one job, many rows).
         measured_jobs = self.measured[list(JOB_KEY)].drop_duplicates().reset_index(drop=True)
         job_keys = keys[list(JOB_KEY)].reset_index(drop=True)
