@@ -4,9 +4,11 @@ Their recommendations (arXiv 2311.05610 §5): micro-batch 1; no activation
 checkpointing; the least model parallelism (tp·pp) that fits, pipeline before tensor;
 sequence parallelism only above ~30B parameters or 2k tokens; FlashAttention 2 with the
 fused RMSNorm kernel; raise the micro-batch only when model parallelism cannot shrink. Only
-"does it fit" needs the cost model, asked for one tp·pp size at a time, smallest first, so an
-expensive backend prices a handful of rows. `paper_choice` walks the same rules over any
-pricing function, so a report can replay them on an already-scored table.
+"does it fit" needs the cost model, asked for one layout at a time, smallest tp·pp first and
+the most pipeline stages first within a size, stopping at the first that fits: an expensive
+backend (a measured search launches each row it prices) prices a handful of rows, and the
+answer holds every one of them. `paper_choice` walks the same rules over any pricing
+function, so a report can replay them on an already-scored table.
 
     ranked = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=2048,
                                  global_batch_size=2048, driver="paper")
@@ -95,11 +97,10 @@ class PaperChoice:
         return None if self.chosen is None else self.priced.loc[self.chosen]
 
     def frame(self) -> pd.DataFrame:
-        """The chosen row and the rows that did not fit (the driver's answer)."""
-        keep = ~self.priced["fits"].astype(bool)
-        if self.chosen is not None:
-            keep |= self.priced.index == self.chosen
-        return self.priced[keep]
+        """Every row priced (the driver's answer). The chosen one is the fastest of those
+        that fit: the rules stop at the first size that fits, and keep a larger micro-batch
+        only when it is faster."""
+        return self.priced
 
 
 @dataclass(kw_only=True, slots=True)
@@ -127,20 +128,29 @@ def paper_choice(candidates: pd.DataFrame, job: Job, evaluate: Evaluate) -> Pape
         for size in sorted(set(level["tp"] * level["pp"])):
             # Same tp·pp: more pipeline stages first (the study's PP-over-TP finding).
             group = level[level["tp"] * level["pp"] == size].sort_values("pp", ascending=False)
-            scored = price(group)
-            fitting = scored[scored["fits"].astype(bool)]
-            if fitting.empty:
-                first = scored.iloc[0]
+            tried = _price_until_one_fits(group, price)
+            if not bool(tried["fits"].iloc[-1]):
+                first = tried.iloc[0]
                 misses.append(f"{_label(first)}: {first['reason'] or 'does not fit'}")
                 continue
-            chosen = fitting.index[0]
-            why = _explain(job, fitting.loc[chosen], recompute, misses, fitting.iloc[1:])
-            chosen, why = _raise_micro_batch(pool, price, fitting.loc[chosen], why)
+            why = _explain(job, tried.iloc[-1], recompute, misses)
+            chosen, why = _raise_micro_batch(pool, price, tried.iloc[-1], why)
             return _finish(price, pool, chosen, why)
     if not price.calls:  # e.g. a space without micro-batch 1, or an optuna search's rows
         return _finish(price, pool, None, NO_RULE_LAYOUT)
     return _finish(price, pool, None,
                    "nothing fits under the study's rules: " + "; ".join(misses[-3:]))
+
+
+def _price_until_one_fits(group: pd.DataFrame, price: _Pricer) -> pd.DataFrame:
+    """`group`'s rows priced one at a time, in order, up to the first that fits: the last
+    row returned fits, unless none does."""
+    tried = []
+    for label in group.index:
+        tried.append(price(group.loc[[label]]))
+        if bool(tried[-1]["fits"].iloc[0]):
+            break
+    return pd.concat(tried)
 
 
 def _finish(price: _Pricer, pool: pd.DataFrame, chosen: Any, why: str) -> PaperChoice:
@@ -149,14 +159,14 @@ def _finish(price: _Pricer, pool: pd.DataFrame, chosen: Any, why: str) -> PaperC
         rows[RULE_COLUMN] = why
         return PaperChoice(priced=rows, chosen=None, calls=price.calls, why=why)
     rows[RULE_COLUMN] = [
-        why if label == chosen else f"passed over by the rules: {reason or 'not the pick'}"
+        why if label == chosen
+        else f"passed over by the rules: {reason or 'fits, no faster than the pick'}"
         for label, reason in zip(rows.index, rows["reason"].fillna(""), strict=True)
     ]
     return PaperChoice(priced=rows, chosen=chosen, calls=price.calls, why=why)
 
 
-def _explain(job: Job, row: pd.Series, recompute: str, misses: list[str],
-             also_fitting: pd.DataFrame) -> str:
+def _explain(job: Job, row: pd.Series, recompute: str, misses: list[str]) -> str:
     sp = "sequence parallel" if bool(row["sequence_parallel"]) else "no sequence parallelism"
     sp_why = ("(> 30B parameters or > 2k tokens)" if wants_sequence_parallel(job)
               else "(≤ 30B parameters and ≤ 2k tokens)")
@@ -171,9 +181,6 @@ def _explain(job: Job, row: pd.Series, recompute: str, misses: list[str],
         parts.append("smaller ones do not fit (" + "; ".join(misses[-2:]) + ")")
     if recompute != "none":
         parts.append(f"recompute={recompute}: no model-parallel size fits without checkpointing")
-    if not also_fitting.empty:
-        parts.append("also fits at this size but has fewer stages: "
-                     + ", ".join(_label(r) for _, r in also_fitting.iterrows()))
     return "; ".join(parts)
 
 

@@ -671,3 +671,16 @@ def test_the_fake_runs_flash3_where_the_flash_backend_would_on_hopper(tmp_path):
                       for kernel in ({"attention": "flash3"}, {"attention": "flash2"}))
     assert step == pytest.approx(flash3, rel=0.02) and float(ranked["step_time_s"][0]) == step
     assert abs(step - flash2) > 0.1 * step
+
+
+def test_the_paper_drivers_answer_holds_every_layout_it_launched(tmp_path):
+    # The rules measure micro-batch 1, then raise it to 2 (faster, it fits): both runs are
+    # in the ranking, the pick first; before, the slower run was launched but left out.
+    model = fake_measured_model(tmp_path)
+    ranked = layoutsearch.search(cost_model=model, driver="paper", model="llama_7b",
+                                 num_gpus=8, seq_length=2048, global_batch_size=256)
+    measured = ranked[ranked["mfu"].notna()]
+    assert model.launched == len(launches(tmp_path)) == len(measured) == 2
+    assert list(measured["micro_batch_size"]) == [2, 1]
+    assert "micro-batch is raised" in ranked.iloc[0]["paper_rule"]
+    assert ranked.iloc[1]["paper_rule"] == "passed over by the rules: fits, no faster than the pick"

@@ -19,7 +19,7 @@ from layoutsearch.drivers.paper import (
     wants_sequence_parallel,
 )
 from layoutsearch.problem import SearchProblem
-from layoutsearch.results import job_of
+from layoutsearch.results import job_of, rank
 from layoutsearch.space import SearchSpace
 from layoutsearch.specs import ClusterSpec, Job
 
@@ -65,8 +65,10 @@ def problem(cost: FakeCost, space: SearchSpace | None = None) -> SearchProblem:
 
 def pick(cost: FakeCost, space: SearchSpace | None = None) -> pd.Series:
     out = PaperDriver(progress=False).run(problem(cost, space))
-    chosen = out[out["fits"]]
+    chosen = out[~out[RULE_COLUMN].str.startswith("passed over")]
     assert len(chosen) == 1
+    # The pick is the fastest of the rows the rules priced that fit.
+    assert chosen.iloc[0]["mfu"] == out.loc[out["fits"], "mfu"].max()
     return chosen.iloc[0]
 
 
@@ -82,9 +84,10 @@ def test_least_model_parallelism_that_fits_with_pipeline_before_tensor() -> None
     assert (row["tp"], row["pp"], row["recompute"]) == (1, 4, "none")
     assert row["attention"] == "flash2" and row["rmsnorm_kernel"]
     assert "pipeline before tensor" in row[RULE_COLUMN]
-    # One call per tp·pp size (1, 2, 4) plus one for the larger micro-batches.
-    assert cost.calls == 4
-    assert cost.rows < 20
+    # One row per call, up to the first that fits: tp1·pp1, tp1·pp2, tp2·pp1, tp1·pp4
+    # (not tp2·pp2 or tp4·pp1 after it), plus one call for the larger micro-batches.
+    assert cost.calls == 5
+    assert cost.rows == 4 + 3
 
 
 def test_micro_batch_is_raised_only_at_the_least_model_parallelism() -> None:
@@ -93,6 +96,18 @@ def test_micro_batch_is_raised_only_at_the_least_model_parallelism() -> None:
     # The fake model makes larger micro-batches faster, so the rules raise it at tp1 pp4.
     assert row["micro_batch_size"] == 8
     assert "micro-batch is raised" in row[RULE_COLUMN]
+
+
+def test_every_layout_priced_is_in_the_answer_and_the_pick_ranks_first() -> None:
+    cost = FakeCost(min_model_parallel=4, fits_recompute=("none",))
+    out = PaperDriver(progress=False).run(problem(cost))
+    assert len(out) == cost.rows
+    slower = out[out["fits"] & out[RULE_COLUMN].str.startswith("passed over")]
+    assert sorted(slower["micro_batch_size"]) == [1, 2, 4]
+    assert (slower[RULE_COLUMN] == "passed over by the rules: fits, no faster than the pick").all()
+    ranked = rank(out)
+    assert ranked.iloc[0]["micro_batch_size"] == 8
+    assert "micro-batch is raised" in ranked.iloc[0][RULE_COLUMN]
 
 
 def test_falls_back_to_mlp_recompute_before_full() -> None:
