@@ -5,9 +5,10 @@ checkpointing; the least model parallelism (tp·pp) that fits, pipeline before t
 sequence parallelism only above ~30B parameters or 2k tokens; FlashAttention 2 with the
 fused RMSNorm kernel; raise the micro-batch only when model parallelism cannot shrink. Only
 "does it fit" needs the cost model, asked for one layout at a time, smallest tp·pp first and
-the most pipeline stages first within a size, stopping at the first that fits: an expensive
-backend (a measured search launches each row it prices) prices a handful of rows, and the
-answer holds every one of them. `paper_choice` walks the same rules over any pricing
+the most pipeline stages first within a size, stopping at the first that fits; then the
+larger micro-batches of that layout, smallest first, up to the first that does not fit. An
+expensive backend (a measured search launches each row it prices) prices a handful of rows,
+and the answer holds every one of them. `paper_choice` walks the same rules over any pricing
 function, so a report can replay them on an already-scored table.
 
     ranked = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=2048,
@@ -128,7 +129,7 @@ def paper_choice(candidates: pd.DataFrame, job: Job, evaluate: Evaluate) -> Pape
         for size in sorted(set(level["tp"] * level["pp"])):
             # Same tp·pp: more pipeline stages first (the study's PP-over-TP finding).
             group = level[level["tp"] * level["pp"] == size].sort_values("pp", ascending=False)
-            tried = _price_until_one_fits(group, price)
+            tried = _price_until(group, price, fits=True)
             if not bool(tried["fits"].iloc[-1]):
                 first = tried.iloc[0]
                 misses.append(f"{_label(first)}: {first['reason'] or 'does not fit'}")
@@ -142,13 +143,13 @@ def paper_choice(candidates: pd.DataFrame, job: Job, evaluate: Evaluate) -> Pape
                    "nothing fits under the study's rules: " + "; ".join(misses[-3:]))
 
 
-def _price_until_one_fits(group: pd.DataFrame, price: _Pricer) -> pd.DataFrame:
-    """`group`'s rows priced one at a time, in order, up to the first that fits: the last
-    row returned fits, unless none does."""
+def _price_until(rows: pd.DataFrame, price: _Pricer, *, fits: bool) -> pd.DataFrame:
+    """`rows` priced one at a time, in order, up to the first whose `fits` is `fits`: one
+    launch each with a measured cost model, and none past the one that settles the rule."""
     tried = []
-    for label in group.index:
-        tried.append(price(group.loc[[label]]))
-        if bool(tried[-1]["fits"].iloc[0]):
+    for label in rows.index:
+        tried.append(price(rows.loc[[label]]))
+        if bool(tried[-1]["fits"].iloc[0]) == fits:
             break
     return pd.concat(tried)
 
@@ -189,7 +190,8 @@ def _raise_micro_batch(pool: pd.DataFrame, price: _Pricer, base: pd.Series,
     """At the least model parallelism (it cannot shrink further), try larger micro-batches.
 
     The study raises the micro-batch only then; we keep the larger one only if the cost
-    model says it fits and is faster (one more call, a few rows).
+    model says it fits and is faster. They are priced smallest first, up to the first that
+    does not fit: a larger one holds more activations and would not fit either.
     """
     same = (
         (pool["tp"] == base["tp"]) & (pool["pp"] == base["pp"])
@@ -198,7 +200,7 @@ def _raise_micro_batch(pool: pd.DataFrame, price: _Pricer, base: pd.Series,
     )
     if not same.any():
         return base.name, why
-    bigger = price(pool[same])
+    bigger = _price_until(pool[same].sort_values("micro_batch_size"), price, fits=False)
     better = bigger[bigger["fits"].astype(bool) & (bigger["mfu"] > base["mfu"])]
     if better.empty:
         return base.name, why

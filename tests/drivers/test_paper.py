@@ -36,9 +36,10 @@ class FakeCost:
     name = "fake"
 
     def __init__(self, min_model_parallel: int = 4, fits_recompute: tuple[str, ...] = (
-            "none", "selective", "mlp", "full")) -> None:
+            "none", "selective", "mlp", "full"), max_micro_batch: int = 8) -> None:
         self.min_model_parallel = min_model_parallel
         self.fits_recompute = fits_recompute
+        self.max_micro_batch = max_micro_batch
         self.calls = 0
         self.rows = 0
 
@@ -47,8 +48,9 @@ class FakeCost:
         self.calls += 1
         self.rows += len(candidates)
         size = candidates["tp"] * candidates["pp"]
-        fits = (size >= self.min_model_parallel) & candidates["recompute"].isin(
-            self.fits_recompute)
+        fits = ((size >= self.min_model_parallel)
+                & candidates["recompute"].isin(self.fits_recompute)
+                & (candidates["micro_batch_size"] <= self.max_micro_batch))
         mfu = 0.5 + 0.01 * candidates["micro_batch_size"] - 0.01 * np.log2(size)
         return pd.DataFrame({
             "step_time_s": 1.0 / mfu, "mfu": mfu, "tokens_per_s": 1000 * mfu,
@@ -85,9 +87,8 @@ def test_least_model_parallelism_that_fits_with_pipeline_before_tensor() -> None
     assert row["attention"] == "flash2" and row["rmsnorm_kernel"]
     assert "pipeline before tensor" in row[RULE_COLUMN]
     # One row per call, up to the first that fits: tp1·pp1, tp1·pp2, tp2·pp1, tp1·pp4
-    # (not tp2·pp2 or tp4·pp1 after it), plus one call for the larger micro-batches.
-    assert cost.calls == 5
-    assert cost.rows == 4 + 3
+    # (not tp2·pp2 or tp4·pp1 after it), then micro-batches 2, 4 and 8 of tp1·pp4.
+    assert cost.calls == cost.rows == 4 + 3
 
 
 def test_micro_batch_is_raised_only_at_the_least_model_parallelism() -> None:
@@ -96,6 +97,14 @@ def test_micro_batch_is_raised_only_at_the_least_model_parallelism() -> None:
     # The fake model makes larger micro-batches faster, so the rules raise it at tp1 pp4.
     assert row["micro_batch_size"] == 8
     assert "micro-batch is raised" in row[RULE_COLUMN]
+
+
+def test_micro_batches_past_the_first_that_does_not_fit_are_not_priced() -> None:
+    cost = FakeCost(min_model_parallel=4, fits_recompute=("none",), max_micro_batch=2)
+    out = PaperDriver(progress=False).run(problem(cost))
+    # A measured search would launch each: micro-batch 4 runs out of memory, so 8 would too.
+    assert sorted(out.loc[out["tp"] * out["pp"] == 4, "micro_batch_size"]) == [1, 2, 4]
+    assert pick(cost)["micro_batch_size"] == 2
 
 
 def test_every_layout_priced_is_in_the_answer_and_the_pick_ranks_first() -> None:
