@@ -63,7 +63,8 @@ class Progress:
         count = f"{self.done}/{self.total}" if self.total else str(self.done)
         best = (f"best MFU {100 * self.best_mfu:.1f} % ({self.best_layout})"
                 if self.best_mfu is not None else "nothing fits yet")
-        return f"{self.label}: {count} layouts priced · {best}"
+        noun = "layout" if count == "1" else "layouts"
+        return f"{self.label}: {count} {noun} priced · {best}"
 
     def _paint(self, *, force: bool) -> None:
         if not self.enabled:

@@ -34,6 +34,7 @@ def test_silent_unless_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
     with Progress(stream=stream) as progress:
         progress.update(_rows((1, 0.5, True)))
     assert stream.getvalue() == ""
+    assert progress.line().startswith("search: 1 layout priced · best MFU 50.0 %")
     assert "nothing fits yet" in Progress().line()
     monkeypatch.setenv("LAYOUTSEARCH_PROGRESS", "1")
     assert progress_enabled(stream)

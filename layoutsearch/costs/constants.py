@@ -134,7 +134,11 @@ def parse_constants(config: Mapping[str, Any], where: str) -> dict[str, Analytic
     """`{gpu name: constants}` from a config with a `gpus:` mapping."""
     gpus = config.get("gpus")
     if not isinstance(gpus, Mapping) or not gpus:
-        raise LayoutSearchError(f"{where}: needs a 'gpus' mapping of GPU kind -> constants")
+        got = "none" if gpus is None else f"gpus={gpus!r}"
+        raise LayoutSearchError(
+            f"{where}: needs a 'gpus' mapping of GPU kind -> constants, got {got}; start from "
+            "a copy of cost_models/analytic.yaml (fitted to the study's cluster) or "
+            "cost_models/analytic_prior.yaml (a-priori values), or name one of them")
     return {
         str(gpu): AnalyticConstants.from_dict(dict(values), f"{where}: gpus.{gpu}")
         for gpu, values in gpus.items()

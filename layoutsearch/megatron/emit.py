@@ -176,9 +176,11 @@ def emit_megatron(ranked: pd.DataFrame, output_dir: Path, top_k: int = 5) -> Non
                                  settings=settings)
     ranks = [int(path.name.split("_", 1)[0]) for path in paths]
     merged = max(ranks) - len(ranks)
-    same = (f"; {merged} layouts ranked among them run the same command as a better one "
-            f"and got no script of their own") if merged else ""
-    print(f"wrote {len(paths)} Megatron-LM launch scripts to "
+    same = (f"; {merged} layout ranked among them runs the same command as a better one "
+            "and got no script of its own" if merged == 1 else
+            f"; {merged} layouts ranked among them run the same command as a better one "
+            "and got no script of their own" if merged else "")
+    print(f"wrote {len(paths)} Megatron-LM launch script{'s' * (len(paths) != 1)} to "
           f"{Path(output_dir) / 'megatron'}{same}")
     if paths and not settings.script_path.is_file():
         # Scripts are often written where they are not run (a laptop, a login node): say

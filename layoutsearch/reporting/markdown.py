@@ -95,7 +95,7 @@ def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
     for attr, title in NOTE_TITLES.items():
         text = ranked.attrs.get(attr, "")
         if text:
-            lines += [f"**{title}.** {text[0].upper()}{text[1:]}", ""]
+            lines += [f"**{title}.** {_sentence_start(text)}", ""]
     return lines
 
 
@@ -182,3 +182,10 @@ def write_report(ranked: pd.DataFrame, out_dir: Path, *, top_k: int = TOP_K) -> 
     path = out_dir / REPORT_FILE
     path.write_text("\n".join(lines))
     return path
+
+
+def _sentence_start(text: str) -> str:
+    """`text` with a capital first letter, unless it opens with code such as a setting
+    (`cost_models=analytic`), which is spelt as typed."""
+    first = text.split(" ", 1)[0]
+    return text if any(c in first for c in "=_.`") else text[0].upper() + text[1:]

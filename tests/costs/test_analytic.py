@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,15 @@ def test_the_a_priori_constants_price_published_runs_no_one_fitted_them_to() -> 
         predicted = (prior.loc[pair & full, "predicted_step_time_s"].iloc[0]
                      / prior.loc[pair & selective, "predicted_step_time_s"].iloc[0])
         assert predicted == pytest.approx(measured, rel=0.06)
+
+
+@pytest.mark.parametrize("config, got", [
+    ({}, "got none"), ({"gpus": []}, "got gpus=[]")])
+def test_an_analytic_config_without_constants_says_where_to_start(config, got) -> None:
+    with pytest.raises(LayoutSearchError, match=f"needs a 'gpus' mapping of GPU kind -> "
+                       f"constants, {re.escape(got)}; start from a copy of "
+                       r"cost_models/analytic.yaml"):
+        layoutsearch.search(model="llama_7b", num_gpus=8, seq_length=2048,
+                            global_batch_size=64, cost_model={
+                                "_target_": "layoutsearch.costs.analytic.AnalyticCostModel",
+                                **config})

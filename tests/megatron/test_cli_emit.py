@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
+import layoutsearch
 from layoutsearch.megatron import parse_argv
+from layoutsearch.megatron.emit import emit_megatron
 
 
 def test_emit_megatron_writes_scripts_into_the_run_directory(tmp_path: Path) -> None:
@@ -55,3 +57,16 @@ def test_emit_megatron_takes_the_settings_file_named_by_megatron(tmp_path: Path)
     ranked = pd.read_csv(run_dir / "ranked.csv", keep_default_na=False)
     assert ranked.loc[0, "megatron_args"].endswith(" --no-gradient-accumulation-fusion")
     assert ranked.loc[0, "megatron_args"] in (run_dir / "report.md").read_text()
+
+
+def test_emit_megatron_counts_its_scripts_and_the_layouts_they_share(tmp_path, capsys) -> None:
+    ranked = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=2048,
+                                 global_batch_size=2048, vocab_size=128000)
+    emit_megatron(ranked, tmp_path / "one", top_k=1)
+    assert "wrote 1 Megatron-LM launch script to" in capsys.readouterr().out
+    # Rank 2 is a flash1 twin of rank 1 (one --attention-backend flash command).
+    emit_megatron(ranked, tmp_path / "two", top_k=2)
+    wrote = capsys.readouterr().out.splitlines()[0]
+    assert wrote.startswith("wrote 2 Megatron-LM launch scripts to ")
+    assert wrote.endswith("; 1 layout ranked among them runs the same command as a better one "
+                          "and got no script of its own")

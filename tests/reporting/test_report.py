@@ -45,6 +45,8 @@ def test_report_writes_markdown_and_figures(ranked: pd.DataFrame, tmp_path: Path
     assert "**A close call.** 2 other layouts are within 5 %" in text
     assert ("cost_models=measured cost_models.prescreen=analytic cost_models.top_k=3 "
             "cost_models.launcher=slurm.") in text
+    # A note that opens with a setting keeps it spelt as typed.
+    assert "**The fabric.** cost_models=analytic prices inter-node traffic" in text
 
 
 def test_a_report_of_a_selection_leaves_out_notes_about_the_whole_ranking(

@@ -9,12 +9,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import layoutsearch
 from layoutsearch.catalog import load_cluster, load_model
 from layoutsearch.costs import build_cost_model
 from layoutsearch.layout import Layout
+from layoutsearch.measurements import read_measurements
 from layoutsearch.megatron import LocalLauncher, Trial, build_command, parse_log
 from layoutsearch.specs import Job
 from layoutsearch.testing import FAKE_MEGATRON_PATH, check_cost_model, fake_megatron_settings
+from layoutsearch.testing.__main__ import main as write_fake_settings
 
 
 def test_fake_run_of_a_layout_that_does_not_fit_is_an_oom(tmp_path):
@@ -71,3 +74,18 @@ def test_conformance_suite_passes_the_analytic_model_and_catches_a_broken_one():
 
     with pytest.raises(AssertionError, match="must say why"):
         check_cost_model(Silent())
+
+
+def test_written_fake_settings_run_a_measured_search_from_a_file(tmp_path, capsys):
+    settings = tmp_path / "fake.yaml"
+    assert write_fake_settings([str(settings), "--inject", "2=oom"]) == 0
+    assert "cost_models.megatron=" in capsys.readouterr().out
+    model = build_cost_model({"_target_": "layoutsearch.costs.measured.MeasuredCostModel",
+                              "megatron": str(settings), "top_k": 2,
+                              "measurements": str(tmp_path / "runs.csv")})
+    ranked = layoutsearch.search(cost_model=model, model="llama_7b", num_gpus=8,
+                                 seq_length=2048, global_batch_size=256)
+    assert list(read_measurements(tmp_path / "runs.csv")["status"]) == ["ok", "oom"]
+    assert ranked.iloc[0]["fits"] and len((tmp_path / "launches.txt").read_text().split("\n")) == 3
+    assert write_fake_settings([str(tmp_path)]) == 2  # a folder is no settings file
+    assert "is a folder, not a file" in capsys.readouterr().err
