@@ -57,6 +57,7 @@ from layoutsearch.reporting.sweep import (
     mark_sweep_end,
     mark_sweep_start,
     write_notes,
+    write_ranking,
     write_summary,
 )
 from layoutsearch.results import counts_line, job_of
@@ -144,8 +145,7 @@ def run(config: Mapping[str, Any], output_dir: Path,
             megatron=config.get("megatron"),
         )
     output_dir.mkdir(parents=True, exist_ok=True)
-    csv = output_dir / RANKED_FILE
-    ranked.to_csv(csv, index=False)
+    csv = write_ranking(ranked, output_dir)
     notes = write_notes(ranked, output_dir)
     markdown = write_run_report(ranked, output_dir)
     print(report(ranked, space, top_k=top_k))
@@ -493,6 +493,8 @@ def resolved(cfg: DictConfig) -> dict[str, Any]:
 
 
 INTERRUPTED_JOB = "interrupted (Ctrl-C) before this job finished; rerun it to rank its layouts"
+INTERRUPTED_REPORT = (f"interrupted (Ctrl-C) after its ranking ({RANKED_FILE}, complete) was "
+                      "written, before its report; rerun it for the report")
 
 
 def _summarize(sweep_dir: Path) -> tuple[pd.DataFrame, Path]:
@@ -550,7 +552,9 @@ def _app(cfg: DictConfig) -> None:
         if hydra_config.mode == RunMode.MULTIRUN:
             # The sweep's summary, written as it stops, shows this job as not finished.
             output_dir.mkdir(parents=True, exist_ok=True)
-            (output_dir / ERROR_FILE).write_text(f"{INTERRUPTED_JOB}\n")
+            ranked_whole = (output_dir / RANKED_FILE).is_file()
+            (output_dir / ERROR_FILE).write_text(
+                f"{INTERRUPTED_REPORT if ranked_whole else INTERRUPTED_JOB}\n")
         raise
     except LayoutSearchError as error:
         if hydra_config.mode != RunMode.MULTIRUN:

@@ -472,6 +472,34 @@ def test_ctrl_c_during_a_sweep_summarizes_the_jobs_that_finished(tmp_path: Path)
     assert table.loc[1, "error"].startswith("interrupted (Ctrl-C) before this job finished")
 
 
+INTERRUPT_THE_REPORT = """
+import sys
+import layoutsearch.cli as cli
+
+def interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+cli.write_run_report = interrupt
+sys.argv = ["layoutsearch", *sys.argv[1:]]
+cli.main()
+"""
+
+
+def test_a_sweep_job_interrupted_after_its_ranking_says_the_ranking_is_whole(
+        tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPT_THE_REPORT, "--multirun", FAST,
+         f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 130, done.stderr
+    table = pd.read_csv(sweep / "multirun.csv")
+    assert table.loc[0, "error"].startswith(
+        "interrupted (Ctrl-C) after its ranking (ranked.csv, complete) was written")
+    assert (sweep / "0" / "ranked.csv").is_file()
+    assert not (sweep / "0" / "ranked.csv.partial").exists()
+
+
 def test_a_ctrl_c_while_the_summary_is_written_leaves_it_to_be_written_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The end callback marks the sweep over only once its summary is written: main()'s

@@ -34,6 +34,9 @@ BEST_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "tokens_per_s", "peak_mem
                 "fits", "reason")
 RANKED_FILE = "ranked.csv"
 """A job's whole ranking (cli.py)."""
+PARTIAL_SUFFIX = ".partial"
+"""`ranked.csv` is written under this suffix first and renamed when complete: a Ctrl-C while
+a large ranking is written leaves no truncated `ranked.csv` for a sweep's summary to read."""
 ERROR_FILE = "error.txt"
 """What a job of a sweep writes instead of `ranked.csv` when its input is wrong (cli.py)."""
 NOTES_FILE = "notes.yaml"
@@ -79,11 +82,20 @@ def forget_job_outputs(job_dir: Path) -> None:
     """Remove what an earlier run of this job left (a rerun into the same directory): the
     summary must not read an old ranking beside a new error, nor a reader find an old
     report, its figures or launch scripts beside it."""
-    files = (RANKED_FILE, NOTES_FILE, ERROR_FILE, REPORT_FILE,
+    files = (RANKED_FILE, RANKED_FILE + PARTIAL_SUFFIX, NOTES_FILE, ERROR_FILE, REPORT_FILE,
              *(f"{name}.png" for name in FIGURE_NAMES))
     for name in files:
         (job_dir / name).unlink(missing_ok=True)
     shutil.rmtree(job_dir / SCRIPTS_DIR, ignore_errors=True)
+
+
+def write_ranking(ranked: pd.DataFrame, job_dir: Path) -> Path:
+    """`ranked.csv`, whole or not at all (written aside, then renamed over)."""
+    path = job_dir / RANKED_FILE
+    partial = path.with_name(RANKED_FILE + PARTIAL_SUFFIX)
+    ranked.to_csv(partial, index=False)
+    partial.replace(path)
+    return path
 
 
 def write_notes(ranked: pd.DataFrame, job_dir: Path) -> Path:
