@@ -6,7 +6,7 @@ sequence parallelism only above ~30B parameters or 2k tokens; FlashAttention 2 w
 fused RMSNorm kernel; raise the micro-batch only when model parallelism cannot shrink. Only
 "does it fit" needs the cost model, asked for one layout at a time, smallest tp·pp first and
 the most pipeline stages first within a size, stopping at the first that fits; then the
-larger micro-batches of that layout, smallest first, up to the first that does not fit. An
+larger micro-batches of that layout, smallest first, up to the first out of memory. An
 expensive backend (a measured search launches each row it prices) prices a handful of rows,
 and the answer holds every one of them. `paper_choice` walks the same rules over any pricing
 function, so a report can replay them on an already-scored table.
@@ -129,7 +129,7 @@ def paper_choice(candidates: pd.DataFrame, job: Job, evaluate: Evaluate) -> Pape
         for size in sorted(set(level["tp"] * level["pp"])):
             # Same tp·pp: more pipeline stages first (the study's PP-over-TP finding).
             group = level[level["tp"] * level["pp"] == size].sort_values("pp", ascending=False)
-            tried = _price_until(group, price, fits=True)
+            tried = _price_until(group, price, stop=_fits)
             if not bool(tried["fits"].iloc[-1]):
                 first = tried.iloc[0]
                 misses.append(f"{_label(first)}: {first['reason'] or 'does not fit'}")
@@ -143,15 +143,28 @@ def paper_choice(candidates: pd.DataFrame, job: Job, evaluate: Evaluate) -> Pape
                    "nothing fits under the study's rules: " + "; ".join(misses[-3:]))
 
 
-def _price_until(rows: pd.DataFrame, price: _Pricer, *, fits: bool) -> pd.DataFrame:
-    """`rows` priced one at a time, in order, up to the first whose `fits` is `fits`: one
-    launch each with a measured cost model, and none past the one that settles the rule."""
+def _price_until(rows: pd.DataFrame, price: _Pricer,
+                 stop: Callable[[pd.Series], bool]) -> pd.DataFrame:
+    """`rows` priced one at a time, in order, up to the first that `stop` says settles the
+    rule: one launch each with a measured cost model, and none past that one."""
     tried = []
     for label in rows.index:
         tried.append(price(rows.loc[[label]]))
-        if bool(tried[-1]["fits"].iloc[0]) == fits:
+        if stop(tried[-1].iloc[0]):
             break
     return pd.concat(tried)
+
+
+def _fits(row: pd.Series) -> bool:
+    return bool(row["fits"])
+
+
+def _out_of_memory(row: pd.Series) -> bool:
+    """Whether the cost model says the row runs out of memory: predicted over the GPU's
+    memory (negative headroom) or measured `oom`. Not a failed launch, a rule the row breaks
+    or a layout never measured: those say nothing of the next micro-batch."""
+    headroom = pd.to_numeric(row.get("headroom_gib"), errors="coerce")
+    return bool(headroom < 0) or row.get("measured_status") == "oom"
 
 
 def _finish(price: _Pricer, pool: pd.DataFrame, chosen: Any, why: str) -> PaperChoice:
@@ -191,7 +204,7 @@ def _raise_micro_batch(pool: pd.DataFrame, price: _Pricer, base: pd.Series,
 
     The study raises the micro-batch only then; we keep the larger one only if the cost
     model says it fits and is faster. They are priced smallest first, up to the first that
-    does not fit: a larger one holds more activations and would not fit either.
+    runs out of memory: a larger one holds more activations and would too.
     """
     same = (
         (pool["tp"] == base["tp"]) & (pool["pp"] == base["pp"])
@@ -200,7 +213,8 @@ def _raise_micro_batch(pool: pd.DataFrame, price: _Pricer, base: pd.Series,
     )
     if not same.any():
         return base.name, why
-    bigger = _price_until(pool[same].sort_values("micro_batch_size"), price, fits=False)
+    bigger = _price_until(pool[same].sort_values("micro_batch_size"), price,
+                          stop=_out_of_memory)
     better = bigger[bigger["fits"].astype(bool) & (bigger["mfu"] > base["mfu"])]
     if better.empty:
         return base.name, why

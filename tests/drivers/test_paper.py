@@ -36,10 +36,12 @@ class FakeCost:
     name = "fake"
 
     def __init__(self, min_model_parallel: int = 4, fits_recompute: tuple[str, ...] = (
-            "none", "selective", "mlp", "full"), max_micro_batch: int = 8) -> None:
+            "none", "selective", "mlp", "full"), max_micro_batch: int = 8,
+                 failed_micro_batch: int = 0) -> None:
         self.min_model_parallel = min_model_parallel
         self.fits_recompute = fits_recompute
         self.max_micro_batch = max_micro_batch
+        self.failed_micro_batch = failed_micro_batch  # a launch that failed, not for memory
         self.calls = 0
         self.rows = 0
 
@@ -51,11 +53,14 @@ class FakeCost:
         fits = ((size >= self.min_model_parallel)
                 & candidates["recompute"].isin(self.fits_recompute)
                 & (candidates["micro_batch_size"] <= self.max_micro_batch))
+        failed = candidates["micro_batch_size"] == self.failed_micro_batch
         mfu = 0.5 + 0.01 * candidates["micro_batch_size"] - 0.01 * np.log2(size)
         return pd.DataFrame({
             "step_time_s": 1.0 / mfu, "mfu": mfu, "tokens_per_s": 1000 * mfu,
-            "peak_memory_gib": 100.0 / size, "fits": fits,
-            "cost_reason": np.where(fits, "", "needs more memory"),
+            "peak_memory_gib": 100.0 / size, "fits": fits & ~failed,
+            "headroom_gib": np.where(failed, np.nan, np.where(fits, 10.0, -5.0)),
+            "cost_reason": np.where(failed, "measured error: NCCL",
+                                    np.where(fits, "", "needs more memory")),
         }, index=candidates.index)
 
 
@@ -99,12 +104,30 @@ def test_micro_batch_is_raised_only_at_the_least_model_parallelism() -> None:
     assert "micro-batch is raised" in row[RULE_COLUMN]
 
 
-def test_micro_batches_past_the_first_that_does_not_fit_are_not_priced() -> None:
+def test_micro_batches_past_the_first_out_of_memory_are_not_priced() -> None:
     cost = FakeCost(min_model_parallel=4, fits_recompute=("none",), max_micro_batch=2)
     out = PaperDriver(progress=False).run(problem(cost))
     # A measured search would launch each: micro-batch 4 runs out of memory, so 8 would too.
     assert sorted(out.loc[out["tp"] * out["pp"] == 4, "micro_batch_size"]) == [1, 2, 4]
     assert pick(cost)["micro_batch_size"] == 2
+
+
+def test_a_micro_batch_that_failed_for_another_reason_does_not_stop_the_larger_ones() -> None:
+    # Micro-batch 2 failed to launch (say NCCL): that says nothing of 4 and 8, which run.
+    cost = FakeCost(min_model_parallel=4, fits_recompute=("none",), failed_micro_batch=2)
+    out = PaperDriver(progress=False).run(problem(cost))
+    assert sorted(out.loc[out["tp"] * out["pp"] == 4, "micro_batch_size"]) == [1, 2, 4, 8]
+    assert pick(cost)["micro_batch_size"] == 8
+
+
+def test_a_micro_batch_the_rules_reject_does_not_stop_the_larger_ones() -> None:
+    # dp 8 and a global batch of 24: micro-batch 2 does not divide the 3 sequences per
+    # replica, micro-batch 3 does.
+    ranked = layoutsearch.search(model="llama_7b", num_gpus=8, seq_length=1024,
+                                 global_batch_size=24, micro_batch_size=[1, 2, 3],
+                                 driver="paper")
+    assert ranked.iloc[0]["micro_batch_size"] == 3
+    assert "micro-batch is raised to 3" in ranked.iloc[0][RULE_COLUMN]
 
 
 def test_every_layout_priced_is_in_the_answer_and_the_pick_ranks_first() -> None:
