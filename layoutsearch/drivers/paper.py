@@ -65,7 +65,9 @@ def rule_layouts(candidates: pd.DataFrame, job: Job) -> pd.DataFrame:
     """
     rows = candidates
     rows = rows[rows["attention"] == _prefer(rows["attention"], ATTENTION_PREFERENCE)]
-    rows = rows[rows["rmsnorm_kernel"] == _prefer(rows["rmsnorm_kernel"], (True, False))]
+    # The fused RMSNorm kernel is for RMSNorm models; the rules reject it for LayerNorm.
+    kernel_first = (True, False) if job.model.normalization == "RMSNorm" else (False, True)
+    rows = rows[rows["rmsnorm_kernel"] == _prefer(rows["rmsnorm_kernel"], kernel_first)]
     rows = rows[rows["distributed_optimizer"] == _prefer(rows["distributed_optimizer"],
                                                          (True, False))]
     rows = rows[(rows["cp"] == rows["cp"].min()) & (rows["vp"] == rows["vp"].min())]

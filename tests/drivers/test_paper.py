@@ -216,3 +216,11 @@ def test_a_space_without_the_rules_settings_is_refused_by_name(pins, missing) ->
                              r"space offers micro_batch_size .*" + re.escape(missing)):
         layoutsearch.search(model="llama_7b", num_gpus=16, seq_length=2048,
                             global_batch_size=256, driver="paper", **pins)
+
+
+def test_a_layernorm_model_gets_a_pick_without_the_rmsnorm_kernel() -> None:
+    # GPT-3 uses LayerNorm, for which the rules reject the fused RMSNorm kernel.
+    ranked = layoutsearch.search(driver="paper", model="gpt3_175b", num_gpus=1024,
+                                 seq_length=2048, global_batch_size=1536)
+    pick = ranked.iloc[0]
+    assert pick["fits"] and not pick["rmsnorm_kernel"] and pick["attention"] == "flash2"
