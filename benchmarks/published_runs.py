@@ -28,12 +28,14 @@ H100 runs (FP8; the cost models price bf16) and Llama 3's (Meta's own stack and 
 from __future__ import annotations
 
 import argparse
+import os
 import warnings
 from pathlib import Path
 
 import pandas as pd
 
 import layoutsearch
+from layoutsearch.measurements import read_measurements
 
 PUBLISHED_RUNS = Path(__file__).with_name("published_runs.csv")
 COST_MODELS = ("analytic", "analytic_prior")
@@ -116,9 +118,10 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=PUBLISHED_RUNS,
                         help="measurement file of published runs (default: %(default)s)")
     args = parser.parse_args()
-    runs = pd.read_csv(args.runs, keep_default_na=False, na_values=[""])
-    print(f"{len(runs)} published runs from {args.runs} (* = settings the source does not "
-          "state, assumed as its `assumed` column says)\n")
+    runs = read_measurements(args.runs)
+    runs = runs[runs["status"] == "ok"].reset_index(drop=True)  # the runs with a step time
+    print(f"{len(runs)} published runs from {os.path.relpath(args.runs)} (* = settings the "
+          "source does not state, assumed as its `assumed` column says)\n")
     for cost_model in COST_MODELS:
         print(report(runs, cost_model), end="\n\n")
 

@@ -165,7 +165,7 @@ def _out_of_memory(row: pd.Series) -> bool:
     """Whether the cost model says the row runs out of memory: predicted over the GPU's
     memory (negative headroom) or measured `oom`. Not a failed launch, a rule the row breaks
     or a layout never measured: those say nothing of the next micro-batch."""
-    headroom = pd.to_numeric(row.get("headroom_gib"), errors="coerce")
+    headroom = pd.to_numeric(row.get("headroom_gib", float("nan")), errors="coerce")
     return bool(headroom < 0) or row.get("measured_status") == "oom"
 
 

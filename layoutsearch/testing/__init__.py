@@ -16,12 +16,16 @@ from typing import Any
 
 from layoutsearch.costs import build_cost_model
 from layoutsearch.costs.measured import MeasuredCostModel
+from layoutsearch.errors import LayoutSearchError
 from layoutsearch.megatron.launchers import LocalLauncher
 from layoutsearch.megatron.settings import MegatronSettings
 from layoutsearch.testing.conformance import check_cost_model, conformance_candidates
 
 FAKE_MEGATRON_PATH = Path(__file__).resolve().parent / "fake_megatron"
 """A folder that looks like a Megatron-LM checkout: it holds the fake `pretrain_gpt.py`."""
+LAUNCHES_FILE = "launches.txt"
+"""The fake's launch list, one argv per line, in the settings' `workdir`: the launch numbers
+`inject` counts."""
 
 
 def fake_megatron_settings(workdir: str | Path, *, inject: str = "", sleep_s: float = 0.0,
@@ -34,6 +38,9 @@ def fake_megatron_settings(workdir: str | Path, *, inject: str = "", sleep_s: fl
     from 1 in `workdir/launches.txt`; "*" means every launch). `sleep_s` pauses after each
     iteration, `cost_model` prices the fake run.
     """
+    _check_injections(inject)
+    if not sleep_s >= 0:
+        raise LayoutSearchError(f"fake Megatron-LM: sleep_s={sleep_s!r} must be >= 0 seconds")
     workdir = Path(workdir).resolve()  # the fake runs in its own folder
     return MegatronSettings(
         megatron_path=str(FAKE_MEGATRON_PATH),
@@ -48,12 +55,27 @@ def fake_megatron_settings(workdir: str | Path, *, inject: str = "", sleep_s: fl
         log_dir=str(workdir / "logs"),
         env={
             "LAYOUTSEARCH_FAKE_INJECT": inject,
-            "LAYOUTSEARCH_FAKE_LAUNCHES": str(workdir / "launches.txt"),
+            "LAYOUTSEARCH_FAKE_LAUNCHES": str(workdir / LAUNCHES_FILE),
             "LAYOUTSEARCH_FAKE_SLEEP_S": str(sleep_s),
             "LAYOUTSEARCH_FAKE_GPU": gpu,
             "LAYOUTSEARCH_FAKE_COST_MODEL": cost_model,
         },
     )
+
+
+FAILURE_KINDS = ("crash", "hang", "nccl", "oom")
+"""What the fake can be told to do at a launch (fake_megatron/pretrain_gpt.py)."""
+
+
+def _check_injections(inject: str) -> None:
+    """Refuse an `inject` entry the fake would ignore, naming it and the form it takes."""
+    for item in filter(None, (part.strip() for part in inject.split(","))):
+        number, _, kind = item.partition("=")
+        if not (number == "*" or (number.isdigit() and int(number) >= 1)) \
+                or kind not in FAILURE_KINDS:
+            raise LayoutSearchError(
+                f"fake Megatron-LM: inject entry {item!r} must be LAUNCH=KIND, LAUNCH a launch "
+                f"number from 1 or '*' (every launch), KIND one of {', '.join(FAILURE_KINDS)}")
 
 
 def fake_measured_model(workdir: str | Path, *, prescreen: str | None = "analytic",
@@ -74,12 +96,14 @@ def fake_measured_model(workdir: str | Path, *, prescreen: str | None = "analyti
 
 def launches(workdir: str | Path) -> list[str]:
     """The argv of every fake launch so far, one string each."""
-    path = Path(workdir) / "launches.txt"
+    path = Path(workdir) / LAUNCHES_FILE
     return path.read_text().splitlines() if path.is_file() else []
 
 
 __all__ = [
+    "FAILURE_KINDS",
     "FAKE_MEGATRON_PATH",
+    "LAUNCHES_FILE",
     "check_cost_model",
     "conformance_candidates",
     "fake_measured_model",

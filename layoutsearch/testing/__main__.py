@@ -2,10 +2,13 @@
 
     python -m layoutsearch.testing fake_megatron.yaml [--inject 2=crash,3=oom]
     layoutsearch model=llama_7b num_gpus=8 global_batch_size=256 cost_models=measured \\
-        cost_models.megatron=fake_megatron.yaml cost_models.top_k=3
+        cost_models.megatron=fake_megatron.yaml \\
+        cost_models.measurements=fake_measurements.csv cost_models.top_k=3
 
 The fake prints real-format Megatron-LM logs priced by the analytic model (one node, the
-`local` launcher); its logs and launch list go beside the settings file.
+`local` launcher); its logs and launch list go beside the settings file. Its figures are the
+analytic model's, not measurements: keep them in a file of their own, away from the
+`measurements.csv` a real measured search reads.
 """
 
 from __future__ import annotations
@@ -18,36 +21,45 @@ import yaml
 
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.paths import unwritable_file
-from layoutsearch.testing import fake_megatron_settings
+from layoutsearch.testing import FAILURE_KINDS, LAUNCHES_FILE, fake_megatron_settings
+
+PROG = "python -m layoutsearch.testing"
+MEASUREMENTS_FILE = "fake_measurements.csv"
+"""The measurement file the printed command names, beside the settings."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m layoutsearch.testing", description=__doc__.splitlines()[0])
-    parser.add_argument("settings", type=Path, help="YAML file to write the settings to")
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    # A string, not a Path: Path drops the trailing slash that says "a folder".
+    parser.add_argument("settings", help="YAML file to write the settings to")
     parser.add_argument("--inject", default="", help=(
-        "launches to fail, by number from 1: '2=crash,3=hang,4=nccl,5=oom' ('*' = every one)"))
+        "launches to fail, by number from 1 counted from this command on: '2=crash,3=oom' "
+        f"('*' = every one; kinds {', '.join(FAILURE_KINDS)})"))
     parser.add_argument("--sleep-s", type=float, default=0.0,
                         help="seconds the fake sleeps after each iteration (default 0)")
     args = parser.parse_args(argv)
-    target = args.settings.resolve()
-    problem = unwritable_file(target)
+    problem = unwritable_file(args.settings)
     if problem:
-        print(f"python -m layoutsearch.testing: {str(args.settings)!r} {problem}",
-              file=sys.stderr)
+        print(f"{PROG}: {args.settings!r} {problem}", file=sys.stderr)
         return 2
+    target = Path(args.settings).resolve()
     try:
         settings = fake_megatron_settings(target.parent, inject=args.inject,
                                           sleep_s=args.sleep_s)
     except LayoutSearchError as error:
-        print(f"python -m layoutsearch.testing: {error}", file=sys.stderr)
+        print(f"{PROG}: {error}", file=sys.stderr)
         return 2
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Launch numbers (--inject) count from 1 for these settings.
+    (target.parent / LAUNCHES_FILE).unlink(missing_ok=True)
     target.write_text(
-        "# Megatron-LM settings for layoutsearch's fake Megatron-LM (python -m "
-        "layoutsearch.testing):\n# runs on a CPU, prices each run with the analytic model.\n"
+        f"# Megatron-LM settings for layoutsearch's fake Megatron-LM ({PROG}):\n"
+        "# runs on a CPU and prices each run with the analytic model.\n"
         + yaml.safe_dump(settings.to_record(), sort_keys=False))
-    print(f"wrote {args.settings}: use it as cost_models.megatron={args.settings} with "
-          "cost_models=measured (one node: the local launcher)")
+    measurements = target.parent / MEASUREMENTS_FILE
+    print(f"wrote {target}; search with it (one node: the local launcher):\n"
+          f"  layoutsearch ... cost_models=measured cost_models.megatron={target} "
+          f"cost_models.measurements={measurements}")
     return 0
 
 

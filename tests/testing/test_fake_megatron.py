@@ -16,7 +16,12 @@ from layoutsearch.layout import Layout
 from layoutsearch.measurements import read_measurements
 from layoutsearch.megatron import LocalLauncher, Trial, build_command, parse_log
 from layoutsearch.specs import Job
-from layoutsearch.testing import FAKE_MEGATRON_PATH, check_cost_model, fake_megatron_settings
+from layoutsearch.testing import (
+    FAKE_MEGATRON_PATH,
+    check_cost_model,
+    fake_megatron_settings,
+    launches,
+)
 from layoutsearch.testing.__main__ import main as write_fake_settings
 
 
@@ -77,15 +82,31 @@ def test_conformance_suite_passes_the_analytic_model_and_catches_a_broken_one():
 
 
 def test_written_fake_settings_run_a_measured_search_from_a_file(tmp_path, capsys):
-    settings = tmp_path / "fake.yaml"
+    settings = tmp_path / "sub" / "fake.yaml"  # a folder still to be made
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "launches.txt").write_text("an earlier search's launch\n")
     assert write_fake_settings([str(settings), "--inject", "2=oom"]) == 0
-    assert "cost_models.megatron=" in capsys.readouterr().out
+    told = capsys.readouterr().out
+    assert f"cost_models.megatron={settings}" in told  # absolute: usable from anywhere
+    assert f"cost_models.measurements={tmp_path / 'sub' / 'fake_measurements.csv'}" in told
     model = build_cost_model({"_target_": "layoutsearch.costs.measured.MeasuredCostModel",
                               "megatron": str(settings), "top_k": 2,
                               "measurements": str(tmp_path / "runs.csv")})
     ranked = layoutsearch.search(cost_model=model, model="llama_7b", num_gpus=8,
                                  seq_length=2048, global_batch_size=256)
+    # Launch numbers count from these settings on: the second launch is the injected OOM.
     assert list(read_measurements(tmp_path / "runs.csv")["status"]) == ["ok", "oom"]
-    assert ranked.iloc[0]["fits"] and len((tmp_path / "launches.txt").read_text().split("\n")) == 3
-    assert write_fake_settings([str(tmp_path)]) == 2  # a folder is no settings file
-    assert "is a folder, not a file" in capsys.readouterr().err
+    assert ranked.iloc[0]["fits"] and len(launches(tmp_path / "sub")) == 2
+
+
+@pytest.mark.parametrize("args, error", [
+    (["{tmp}"], "is a folder, not a file"),
+    (["{tmp}/new/"], "is a folder, not a file"),
+    (["{tmp}/x.yaml", "--inject", "1=boom"], "inject entry '1=boom' must be LAUNCH=KIND"),
+    (["{tmp}/x.yaml", "--inject", "0=oom"], "inject entry '0=oom' must be LAUNCH=KIND"),
+    (["{tmp}/x.yaml", "--sleep-s", "-1"], "sleep_s=-1.0 must be >= 0 seconds"),
+])
+def test_fake_settings_that_would_not_run_as_asked_are_refused(tmp_path, capsys, args, error):
+    assert write_fake_settings([a.format(tmp=tmp_path) for a in args]) == 2
+    assert error in capsys.readouterr().err
+    assert not (tmp_path / "x.yaml").exists() and not (tmp_path / "new").exists()
