@@ -32,6 +32,7 @@ from layoutsearch.fidelity import (
     fidelity,
     knob_effects,
     order_errors_by_gap,
+    run_noise,
     signed_errors,
 )
 from layoutsearch.results import CLOSE_CALL_GAP, TIGHT_HEADROOM_GIB
@@ -89,6 +90,7 @@ def main() -> int:
         value = summary[key]
         met = value >= threshold if rule == ">=" else value <= threshold
         print(f"target {key} {rule} {threshold}: {value:.3f} {'met' if met else 'NOT MET'}")
+    print_run_noise(predicted, table)
     print("\npairs of measured layouts of one job, by gap in predicted MFU: share that ran in "
           "the other order")
     for edges in (GAP_EDGES, (0.0, CLOSE_CALL_GAP, 1.0)):
@@ -98,6 +100,21 @@ def main() -> int:
     print_signed_errors(predicted)
     print_knob_effects(predicted)
     return 0
+
+
+def print_run_noise(predicted: pd.DataFrame, table: pd.DataFrame) -> None:
+    """Per job: how much one run scatters (an upper bound, from kernel-switch twins), next
+    to the job's regret, which one run more or less can change by about that much."""
+    noise = run_noise(predicted)
+    if noise.empty:
+        return
+    print("\none run's noise, at most (twins of a kernel switch: flash1 -> flash2, RMSNorm "
+          "kernel off -> on; their measured effect's scatter around the predicted one)")
+    regrets = table.set_index(list(GROUP_COLUMNS))["regret_points"]
+    for row, name in zip(noise.itertuples(index=False), _job_names(noise), strict=True):
+        regret = regrets.get(tuple(getattr(row, c) for c in GROUP_COLUMNS), float("nan"))
+        print(f"  {name:26s} {100 * row.noise:4.1f} % of MFU = {row.noise_points:4.2f} pts "
+              f"({row.twins} twins) | regret {regret:.2f} pts")
 
 
 def print_signed_errors(predicted: pd.DataFrame) -> None:

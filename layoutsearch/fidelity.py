@@ -8,6 +8,7 @@ effective layout (sequence parallelism at tp = 1 is a no-op) are averaged first.
     order = order_errors_by_gap(predict(runs))   # how often close calls come out the other way
     per_job, overall = signed_errors(predict(runs), "tp")   # where the model errs, by knob
     effects = knob_effects(predict(runs), "attention", "flash1", "flash2", by="pp")
+    noise = run_noise(predict(runs))   # how much one run scatters, from kernel-switch twins
     change, low, high = spearman_change_interval(predict(job_runs, a), predict(job_runs, b))
 """
 
@@ -198,11 +199,25 @@ def knob_effects(predicted: pd.DataFrame, knob: str, before: object, after: obje
         raise LayoutSearchError(
             f"knob_effects: by={by!r} is the knob switched; split by another column")
     split = [by] if by else []
+    frame = _twins(predicted, knob, before, after, split, "knob_effects")
+    keys = [*GROUP_COLUMNS, *split]
+    effects = frame.groupby(keys, observed=True).agg(
+        pairs=("measured", "size"), measured_speedup=("measured", "mean"),
+        predicted_speedup=("predicted", "mean")).reset_index()
+    for column in ("measured_speedup", "predicted_speedup"):
+        effects[column] = np.exp(effects[column])
+    return effects
+
+
+def _twins(predicted: pd.DataFrame, knob: str, before: object, after: object,
+           keep: Sequence[str], caller: str) -> pd.DataFrame:
+    """Every two `ok` layouts of one job that differ only in `knob`: the job's columns,
+    `keep`, and the log MFU ratio after / before, `measured` and `predicted`."""
     ok = collapse_twins(predicted)
-    missing = [c for c in (knob, *split) if c not in ok.columns]
+    missing = [c for c in (knob, *keep) if c not in ok.columns]
     if missing:
         raise LayoutSearchError(
-            f"knob_effects: no column {missing[0]!r}; the rows have "
+            f"{caller}: no column {missing[0]!r}; the rows have "
             f"{', '.join(c for c in ok.columns if c not in GROUP_COLUMNS)}")
     ok = ok[(ok["status"] == "ok") & np.isfinite(ok["predicted_mfu"].astype(float))]
     # Everything but the knob pairs the two rows: the job and every other layout column.
@@ -210,16 +225,49 @@ def knob_effects(predicted: pd.DataFrame, knob: str, before: object, after: obje
     values = ["mfu", "predicted_mfu"]
     twins = ok[ok[knob] == before][[*pairing, *values]].merge(
         ok[ok[knob] == after][[*pairing, *values]], on=pairing, suffixes=("_before", "_after"))
-    keys = [*GROUP_COLUMNS, *split]
-    frame = twins[keys].assign(
+    return twins[[*GROUP_COLUMNS, *keep]].assign(
         measured=np.log(twins["mfu_after"] / twins["mfu_before"]),
         predicted=np.log(twins["predicted_mfu_after"] / twins["predicted_mfu_before"]))
-    effects = frame.groupby(keys, observed=True).agg(
-        pairs=("measured", "size"), measured_speedup=("measured", "mean"),
-        predicted_speedup=("predicted", "mean")).reset_index()
-    for column in ("measured_speedup", "predicted_speedup"):
-        effects[column] = np.exp(effects[column])
-    return effects
+
+
+KERNEL_SWITCHES = (("attention", "flash1", "flash2"), ("rmsnorm_kernel", False, True))
+"""Switches of one kernel, whose twins a per-run noise estimate compares (`run_noise`)."""
+
+
+def run_noise(predicted: pd.DataFrame,
+              switches: Sequence[tuple[str, object, object]] = KERNEL_SWITCHES,
+              within: Sequence[str] = ("tp",)) -> pd.DataFrame:
+    """How much one run's MFU scatters, per job, estimated from twin runs: how far the
+    measured effect of a kernel switch strays from the predicted one, from twin to twin.
+
+    For each twin pair (`knob_effects`), the residual is measured − predicted log MFU ratio.
+    A constant error of the cost model in a switch's effect (per switch and value of
+    `within`) is taken out by comparing residuals within those groups; what is left is two
+    runs' noise, plus whatever the model gets wrong from twin to twin, so
+    sqrt(pooled variance / 2) bounds one run's relative noise from above.
+
+    Returns one row per job with twins, `noise` (relative) and `noise_points` (that share of
+    the job's best measured MFU, in MFU points): a regret or an order error of that size is
+    within what one run more or less would change.
+    """
+    parts = [_twins(predicted, knob, before, after, within, "run_noise").assign(switch=knob)
+             for knob, before, after in switches]
+    twins = pd.concat(parts, ignore_index=True)
+    twins["residual"] = twins["measured"] - twins["predicted"]
+    groups = [*GROUP_COLUMNS, "switch", *within]
+    twins["deviation"] = twins["residual"] - twins.groupby(
+        groups, observed=True)["residual"].transform("mean")
+    twins["group"] = twins.groupby(groups, observed=True).ngroup()
+    per_job = twins.groupby(list(GROUP_COLUMNS), observed=True).agg(
+        twins=("residual", "size"), groups=("group", "nunique"),
+        squares=("deviation", lambda d: float((d ** 2).sum()))).reset_index()
+    dof = per_job["twins"] - per_job["groups"]
+    per_job["noise"] = np.sqrt(per_job["squares"] / dof.where(dof > 0) / 2)
+    ok = collapse_twins(predicted)
+    best = ok[ok["status"] == "ok"].groupby(list(GROUP_COLUMNS), observed=True)["mfu"].max()
+    per_job = per_job.merge(best.rename("best_mfu").reset_index(), on=list(GROUP_COLUMNS))
+    per_job["noise_points"] = 100 * per_job["noise"] * per_job["best_mfu"]
+    return per_job.drop(columns=["squares", "groups"])
 
 
 def spearman_change_interval(before: pd.DataFrame, after: pd.DataFrame, *,

@@ -16,6 +16,7 @@ from layoutsearch.fidelity import (
     fidelity,
     knob_effects,
     order_errors_by_gap,
+    run_noise,
     signed_errors,
     spearman_change_interval,
 )
@@ -239,6 +240,25 @@ def test_knob_effects_by_hand() -> None:
     assert "pp" not in overall.columns
     assert overall["pairs"].tolist() == [3, 1]
     assert overall["measured_speedup"].iloc[1] == pytest.approx(1.1)
+
+
+def test_run_noise_by_hand() -> None:
+    # Three flash1 -> flash2 twins at tp 1 (pp 1, 2, 4), all predicted x1.1; measured
+    # x1.1 times e^+0.02, e^0 and e^-0.02. A constant error of the predicted effect would
+    # cancel; the scatter left is two runs' noise: sqrt((0.02² + 0 + 0.02²) / (3 - 1) / 2).
+    rows = []
+    for pp, error in ((1, 0.02), (2, 0.0), (4, -0.02)):
+        rows.append({**run(JOB_13B, 1, pp, "ok", 0.50, 0.50, True), "attention": "flash1"})
+        rows.append(run(JOB_13B, 1, pp, "ok", 0.55 * np.exp(error), 0.55, True))
+    noise = run_noise(pd.DataFrame(rows).assign(rmsnorm_kernel=True, recompute="none"))
+    assert noise["twins"].tolist() == [3]
+    assert noise["noise"].iloc[0] == pytest.approx(0.0002 ** 0.5)
+    assert noise["noise_points"].iloc[0] == pytest.approx(100 * 0.0002 ** 0.5 * 0.55 * np.exp(0.02))
+    # The same scatter around a model that is 10 % off on the switch: the same noise.
+    rows = [{**r, "predicted_mfu": r["predicted_mfu"] * (1.1 if r["attention"] == "flash2"
+                                                         else 1.0)} for r in rows]
+    shifted = run_noise(pd.DataFrame(rows).assign(rmsnorm_kernel=True, recompute="none"))
+    assert shifted["noise"].iloc[0] == pytest.approx(0.0002 ** 0.5)
 
 
 def test_knob_effects_name_a_missing_column() -> None:
