@@ -26,6 +26,7 @@ from layoutsearch.calibration import (
     nelder_mead,
     timing,
 )
+from layoutsearch.calibration.fit import at_least_as_good
 from layoutsearch.calibration.memory import best_overhead
 from layoutsearch.calibration.timing import (
     DISORDER_WEIGHT,
@@ -39,6 +40,7 @@ from layoutsearch.costs import build_cost_model
 from layoutsearch.costs.analytic import AnalyticCostModel
 from layoutsearch.costs.constants import AnalyticConstants, load_constants
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.paths import config_dir
 from layoutsearch.rules import violations
 from layoutsearch.space import SearchSpace
 from layoutsearch.specs import Job
@@ -191,6 +193,28 @@ def test_leave_one_job_out_beats_a_wrong_prior_on_each_held_out_job():
     assert (change <= table["spearman_change_high"] + 1e-12).all()
 
 
+def test_a_job_the_other_jobs_cannot_be_fitted_without_is_not_scored_and_the_rest_are():
+    # A big sweep and one of 8 runs: without the big one, too few runs for the constants.
+    runs = synthetic_runs(PRIOR["a100_80gb"])
+    small = runs[runs["model"] == "llama_13b"].head(8)
+    runs = pd.concat([runs[runs["model"] == "llama_7b"], small], ignore_index=True)
+    runs["model"] = runs["model"].str.replace("_", "|")  # a free-text name may hold the key's |
+    table, pooled = cross_validate(runs, PRIOR, max_evals=20, fit_memory_constants=False)
+    assert list(table["model"]) == ["llama|7b", "llama|13b"]
+    assert table["verdict"].iloc[0].startswith("not scored: without it, a100_80gb: ")
+    assert "a fit needs at least 3 per constant" in table["verdict"].iloc[0]
+    assert np.isnan(table["spearman_cv"].iloc[0]) and not np.isnan(table["spearman_cv"].iloc[1])
+    assert pooled["rows"] == len(small)
+
+
+def test_a_figure_neither_model_has_is_no_worse():
+    nan = float("nan")
+    before = {"fit_accuracy": 0.7, "spearman": nan, "regret_points": nan, "mape": nan}
+    after = {**before, "fit_accuracy": 0.9}
+    assert all(at_least_as_good(before, after).values())
+    assert not at_least_as_good(before, {**after, "fit_accuracy": 0.6})["fit_accuracy"]
+
+
 def test_cli_writes_a_loadable_config_with_provenance(tmp_path, capsys):
     truth = dataclasses.replace(PRIOR["a100_80gb"], gemm_efficiency=0.7,
                                 activation_memory_factor=1.3)
@@ -260,6 +284,13 @@ def test_cli_refuses_an_out_it_cannot_or_must_not_write_before_fitting(tmp_path,
         with pytest.raises(SystemExit) as stop:
             main([str(path), "--out", str(out), "--no-cv"])
         assert stop.value.code == 2 and message in capsys.readouterr().err
+    # The base's own file: it may hold other GPU kinds, which the fit's file would drop.
+    base = tmp_path / "base.yaml"
+    base.write_text((config_dir("cost_models") / "analytic_prior.yaml").read_text())
+    with pytest.raises(SystemExit) as stop:
+        main([str(path), "--base", str(base), "--out", str(base), "--no-cv"])
+    assert stop.value.code == 2 and "is the base constants' file" in capsys.readouterr().err
+    assert "h100_sxm" in base.read_text()
     assert pd.read_csv(path).shape[0] > 0 and (tmp_path / "afile").read_text() == "kept\n"
     assert not (tmp_path / "other.csv").exists() and not (tmp_path / "fit.txt").exists()
 

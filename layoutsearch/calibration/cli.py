@@ -35,7 +35,13 @@ from layoutsearch.calibration.fit import (
 )
 from layoutsearch.calibration.memory import GRID
 from layoutsearch.catalog import clusters_by_gpu
-from layoutsearch.costs.constants import CONSTANTS_SUFFIXES, AnalyticConstants, load_constants
+from layoutsearch.costs.constants import (
+    ANALYTIC_TARGET,
+    CONSTANTS_SUFFIXES,
+    AnalyticConstants,
+    constants_path,
+    load_constants,
+)
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.fidelity import GROUP_COLUMNS
 from layoutsearch.measurements import read_measurements
@@ -117,7 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Fit the analytic constants to measured runs; print fidelity before, after and LOJO."""
     parser = _parser()
     args = parser.parse_args(argv)
-    problem = _unwritable(args.out, args.measurements)
+    try:
+        base_file = constants_path(args.base, target=ANALYTIC_TARGET)
+    except LayoutSearchError as error:
+        parser.error(f"--base {args.base}: {error}")
+    problem = _unwritable(args.out, args.measurements, base_file)
     if problem:
         parser.error(f"--out {args.out}: {problem}")  # before the fit, not after it
     free = None if args.free is None else [n.strip() for n in args.free.split(",") if n.strip()]
@@ -163,7 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": int(rows["status"].isin(["ok", "oom"]).sum()),
         "rows_note": "ok/oom rows of the fitted GPU kinds (others say nothing of speed or "
                      "memory); the fit also leaves out rows that break a rule, with a warning",
-        "base": args.base, "free": free or "default",
+        # A config name as given; a file by its full path, as `data`.
+        "base": args.base if Path(args.base).suffix not in CONSTANTS_SUFFIXES
+        else str(base_file.resolve()), "free": free or "default",
         "method": f"memory constants: {memory_method}; time constants: squared log "
                   "step-time error + per-job pair-order and regret penalties + log-normal pull "
                   "to the base (coordinate scan, Nelder-Mead), within physical and published "
@@ -176,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows, base, free, clusters=clusters, **settings)
     except LayoutSearchError as error:
         print(f"cross-validation skipped: {error}")
+        provenance["leave_one_job_out"] = f"skipped: {error}"
         validated = None
     if validated is not None:
         cv, pooled = validated
@@ -192,14 +205,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("change in rho, held-out fit - prior, with its 95 % paired-bootstrap interval "
               "over the job's runs (an interval holding 0 is within their noise):")
         for job, r in held_out.items():
-            print(f"  {job}: {r['spearman_cv'] - r['spearman_prior']:+.3f} "
-                  f"[{r['spearman_change_low']:+.3f}, {r['spearman_change_high']:+.3f}]")
+            change = r["spearman_cv"] - r["spearman_prior"]
+            print(f"  {job}: " + (
+                str(r["verdict"]) if str(r["verdict"]).startswith("not scored")
+                else "no ok rows, no rho" if pd.isna(change)
+                else f"{change:+.3f} [{r['spearman_change_low']:+.3f}, "
+                     f"{r['spearman_change_high']:+.3f}]"))
         print(f"leave-one-job-out pooled: {_figures(pooled)}")
         provenance["leave_one_job_out"] = {
             job: {**{f"{c}_{w}": round(float(r[f"{c}_{w}"]), 4)
-                     for c in FIDELITY_COLUMNS for w in ("prior", "cv")},
-                  "spearman_change_95": [round(float(r["spearman_change_low"]), 4),
-                                         round(float(r["spearman_change_high"]), 4)],
+                     for c in FIDELITY_COLUMNS for w in ("prior", "cv")
+                     if not pd.isna(r[f"{c}_{w}"])},
+                  **({"spearman_change_95": [round(float(r["spearman_change_low"]), 4),
+                                             round(float(r["spearman_change_high"]), 4)]}
+                     if not pd.isna(r["spearman_change_low"]) else {}),
                   "verdict": str(r["verdict"])}
             for job, r in held_out.items()}
         provenance["leave_one_job_out_pooled"] = _figures(pooled)
@@ -224,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _unwritable(out: str, measurements: str) -> str | None:
+def _unwritable(out: str, measurements: str, base_file: Path) -> str | None:
     """Why the fitted constants cannot be written at `out` (None: they can), checked
     before the fit."""
     problem = unwritable_file(out)
@@ -233,6 +252,9 @@ def _unwritable(out: str, measurements: str) -> str | None:
     path = Path(out)
     if path.is_file() and path.resolve() == Path(measurements).resolve():
         return "is the measurement file; name another file for the fitted constants"
+    if path.is_file() and path.resolve() == base_file.resolve():
+        return ("is the base constants' file (--base), which holds what the fit starts from "
+                "and perhaps other GPU kinds; name another file for the fitted constants")
     if path.suffix in CONSTANTS_SUFFIXES:
         return None
     # cost_model= reads only YAML; a .csv name would overwrite a measurement file.

@@ -170,19 +170,24 @@ def scored(rows: pd.DataFrame, constants: Mapping[str, AnalyticConstants],
 
 
 def job_keys(rows: pd.DataFrame) -> pd.Series:
-    """One key per sweep (docs/fidelity.md's group), "|"-joined."""
+    """One key per sweep (docs/fidelity.md's group), "|"-joined (a key, never split back:
+    a model name may hold "|")."""
     return rows[list(GROUP_COLUMNS)].astype(str).agg("|".join, axis=1)
 
 
 def at_least_as_good(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, bool]:
-    """Per figure, whether `after` is at least as good as `before` (1e-9 tolerance)."""
+    """Per figure, whether `after` is at least as good as `before` (1e-9 tolerance). A
+    figure neither has (ρ, regret and MAPE of a job with no ok row) counts as no worse."""
     eps = 1e-9
-    return {
-        "fit_accuracy": after["fit_accuracy"] >= before["fit_accuracy"] - eps,
-        "spearman": after["spearman"] >= before["spearman"] - eps,
-        "regret_points": after["regret_points"] <= before["regret_points"] + eps,
-        "mape": after["mape"] <= before["mape"] + eps,
-    }
+
+    def no_worse(figure: str, higher_is_better: bool) -> bool:
+        a, b = before[figure], after[figure]
+        if np.isnan(a) and np.isnan(b):
+            return True
+        return b >= a - eps if higher_is_better else b <= a + eps
+
+    return {"fit_accuracy": no_worse("fit_accuracy", True), "spearman": no_worse("spearman", True),
+            "regret_points": no_worse("regret_points", False), "mape": no_worse("mape", False)}
 
 
 def cross_validate(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
@@ -206,9 +211,16 @@ def cross_validate(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
     records, held_out = [], []
     for key in keys.unique():
         held, rest = rows[keys == key], rows[keys != key]
-        fitted = fit_constants(rest, base, free, max_evals=max_evals,
-                               fit_memory_constants=fit_memory_constants,
-                               memory_grid=memory_grid, clusters=clusters)
+        record: dict[str, object] = held[list(GROUP_COLUMNS)].iloc[0].to_dict()
+        try:
+            fitted = fit_constants(rest, base, free, max_evals=max_evals,
+                                   fit_memory_constants=fit_memory_constants,
+                                   memory_grid=memory_grid, clusters=clusters)
+        except LayoutSearchError as error:
+            # The other jobs are too few for a fit (say one small job beside this big one):
+            # this job is not scored; the others still are.
+            records.append({**record, "verdict": f"not scored: without it, {error}"})
+            continue
         predicted_before = predict(held, cost_model=AnalyticCostModel(base), clusters=clusters)
         predicted_after = predict(held, cost_model=AnalyticCostModel({**base, **fitted}),
                                   clusters=clusters)
@@ -217,7 +229,6 @@ def cross_validate(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
         before = {c: float(first_before[c]) for c in FIDELITY_COLUMNS}
         after = {c: float(first_after[c]) for c in FIDELITY_COLUMNS}
         held_out.append(predicted_after)
-        record: dict[str, object] = dict(zip(GROUP_COLUMNS, str(key).split("|"), strict=True))
         for column in FIDELITY_COLUMNS:
             record[f"{column}_prior"] = before[column]
             record[f"{column}_cv"] = after[column]
@@ -228,5 +239,10 @@ def cross_validate(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
         record["verdict"] = ("at least as good" if all(good.values()) else
                              "worse on " + ", ".join(n for n, ok in good.items() if not ok))
         records.append(record)
+    if not held_out:
+        raise LayoutSearchError("no job could be held out: " + "; ".join(
+            str(r["verdict"]).removeprefix("not scored: ") for r in records))
     _, pooled = fidelity(pd.concat(held_out, ignore_index=True))
-    return pd.DataFrame(records), pooled
+    columns = [*GROUP_COLUMNS, *(f"{c}_{w}" for c in FIDELITY_COLUMNS for w in ("prior", "cv")),
+               "spearman_change_low", "spearman_change_high", "verdict"]
+    return pd.DataFrame(records).reindex(columns=columns), pooled
