@@ -412,8 +412,8 @@ def test_a_gpu_kind_with_too_few_runs_is_left_out_and_the_other_still_fitted(tmp
     assert main([str(path), "--out", str(out), "--no-cv", "--free", "gemm_efficiency",
                  "--max-evals", "5", "--memory-grid", "3"]) == 0
     printed = capsys.readouterr()
-    assert ("layoutsearch-calibrate: warning: h100_sxm: 2 rows with status ok for 1 "
-            "constants (gemm_efficiency)") in printed.err
+    assert ("layoutsearch-calibrate: warning: h100_sxm: 2 layouts with status ok (repeated "
+            "runs count once) for 1 constants (gemm_efficiency)") in printed.err
     assert "its constants are not fitted" in printed.err
     # The figures are those of the kinds the file holds constants for.
     assert ("warning: the rows of h100_sxm are left out of the figures below: their "
@@ -423,7 +423,8 @@ def test_a_gpu_kind_with_too_few_runs_is_left_out_and_the_other_still_fitted(tmp
     assert list(config["gpus"]) == ["a100_80gb"] == config["provenance"]["gpus"]
     assert config["provenance"]["rows"] == runs["status"].isin(["ok", "oom"]).sum()
     # With the A100 rows gone too, nothing can be fitted: the error names why.
-    with (pytest.raises(LayoutSearchError, match="h100_sxm: 2 rows with status ok for"),
+    with (pytest.raises(LayoutSearchError,
+                        match=r"h100_sxm: 2 layouts with status ok \(repeated runs count once\)"),
           pytest.warns(UserWarning, match="h100_sxm: no row with status oom")):
         fit_constants(h100, PRIOR, max_evals=5, memory_grid=3)
 
@@ -482,13 +483,20 @@ def test_too_few_rows_for_the_constants_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         main([str(path), "--out", str(tmp_path / "x.yaml")])
     assert stop.value.code == 2
-    assert ("a100_80gb: 2 rows with status ok or oom for 5 constants" in capsys.readouterr().err)
+    assert ("a100_80gb: 2 layouts with status ok or oom (repeated runs count once) for 5 "
+            "constants" in capsys.readouterr().err)
     assert not (tmp_path / "x.yaml").exists()
-    with pytest.raises(LayoutSearchError, match=r"2 rows with status ok for 2 constants "
+    with pytest.raises(LayoutSearchError, match=r"2 layouts with status ok \(repeated runs "
+                                                r"count once\) for 2 constants "
                                                 r"\(gemm_efficiency, network_efficiency\); "
                                                 r"a fit needs at least 3 per constant \(6\)"):
         fit_constants(runs[runs["status"] == "ok"].head(2), PRIOR,
                       ["gemm_efficiency", "network_efficiency"], fit_memory_constants=False)
+    # Eleven runs of each of those two layouts are still two layouts.
+    repeated = pd.concat([runs[runs["status"] == "ok"].head(2)] * 11, ignore_index=True)
+    with pytest.raises(LayoutSearchError, match=r"2 layouts with status ok \(repeated runs "):
+        fit_constants(repeated, PRIOR, ["gemm_efficiency", "network_efficiency"],
+                      fit_memory_constants=False)
 
 
 def test_cli_on_one_job_fits_and_says_why_it_skips_cross_validation(tmp_path, capsys):

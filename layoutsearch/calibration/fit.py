@@ -26,6 +26,7 @@ from layoutsearch.costs.analytic import AnalyticCostModel
 from layoutsearch.costs.constants import AnalyticConstants
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.fidelity import GROUP_COLUMNS, fidelity, spearman_change_interval
+from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.measurements import check_units, row_names
 from layoutsearch.rules import violations
 from layoutsearch.specs import ClusterSpec
@@ -139,12 +140,12 @@ def _fit_kind(gpu: str, group: pd.DataFrame, base: Mapping[str, AnalyticConstant
                           "base's (their fit needs runs that ran out of memory beside runs "
                           "that fit)", stacklevel=3)
     elif fit_memory_constants:
-        _enough_rows(gpu, "ok or oom", len(group), MEMORY_CONSTANTS, "--keep-memory")
+        _enough_rows(gpu, "ok or oom", _layouts(group), MEMORY_CONSTANTS, "--keep-memory")
         start = fit_memory(group, start, clusters, grid=memory_grid).constants
     objective = TimeObjective(group, clusters)
     names = [n for n in free if n not in MEMORY_CONSTANTS] if free is not None else (
         time_free(objective, start, skip=MEMORY_CONSTANTS))
-    _enough_rows(gpu, "ok", int(objective.ok.sum()), names, "--free")
+    _enough_rows(gpu, "ok", _layouts(group[group["status"] == "ok"]), names, "--free")
     return fit_time(objective, start, names, max_evals=max_evals)
 
 
@@ -154,11 +155,21 @@ of a few runs to their bounds (11 constants on 2 rows fit them to 0.3 % and move
 layout of a 13B job)."""
 
 
+def _layouts(rows: pd.DataFrame) -> int:
+    """Distinct layouts among `rows`, as docs/fidelity.md counts them: a repeated run is one
+    layout, and so is sequence parallelism at tp = 1 (a no-op) beside its twin."""
+    keys = [c for c in (*GROUP_COLUMNS, *LAYOUT_COLUMNS) if c in rows.columns]
+    folded = rows.assign(sequence_parallel=rows["sequence_parallel"].astype(bool)
+                         & (rows["tp"] > 1))
+    return len(folded.drop_duplicates(keys))
+
+
 def _enough_rows(gpu: str, kind: str, rows: int, names: Sequence[str], option: str) -> None:
     needed = MIN_ROWS_PER_CONSTANT * len(names)
     if rows < needed:
         raise LayoutSearchError(
-            f"{gpu}: {rows} rows with status {kind} for {len(names)} constants "
+            f"{gpu}: {rows} layouts with status {kind} (repeated runs count once) for "
+            f"{len(names)} constants "
             f"({', '.join(names)}); a fit needs at least {MIN_ROWS_PER_CONSTANT} per constant "
             f"({needed}): measure more layouts, or fit fewer ({option})")
 
