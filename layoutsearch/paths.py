@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from layoutsearch.errors import LayoutSearchError
+
 _PACKAGE = Path(__file__).resolve().parent
 _USER_FOLDERS: ContextVar[tuple[Path, ...]] = ContextVar("layoutsearch_config_folders",
                                                          default=())
@@ -82,6 +84,25 @@ def option_mapping(path: Path) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
     return config if isinstance(config, dict) else None
+
+
+def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+    """A YAML file's top-level mapping ({} for an empty file). A file that cannot be read,
+    is not YAML or holds no mapping is refused, naming `what` it is and its path."""
+    try:
+        with path.open() as handle:  # a parse error then names the file and line
+            config = yaml.safe_load(handle)
+    except (OSError, UnicodeDecodeError) as error:
+        raise LayoutSearchError(f"{what} {str(path)!r} cannot be read: {error}") from None
+    except yaml.YAMLError as error:
+        raise LayoutSearchError(f"{what} {str(path)!r} is not valid YAML: "
+                                f"{' '.join(str(error).split())}") from None
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise LayoutSearchError(f"{what} {str(path)!r} must hold a mapping of settings "
+                                f"(name: value), not a {type(config).__name__}")
+    return config
 
 
 def unwritable_file(path: str | Path) -> str | None:

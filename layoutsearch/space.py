@@ -18,11 +18,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.layout import ATTENTION_KERNELS, RECOMPUTE_KINDS
-from layoutsearch.paths import option_files
+from layoutsearch.paths import option_files, read_yaml_mapping
 from layoutsearch.specs import Job
 
 INTEGER_KNOBS = ("tp", "pp", "cp", "vp", "micro_batch_size")
@@ -132,8 +131,7 @@ class SearchSpace:
         if not isinstance(name, str) or name not in space_names():
             raise LayoutSearchError(unknown_name_message("search space", name, space_names()))
         path = option_files("search_spaces")[name]
-        with path.open() as handle:
-            return cls.from_dict(yaml.safe_load(handle) or {}, name=name)
+        return cls.from_dict(read_yaml_mapping(path, "search space"), name=name)
 
     def pin(self, **knobs: Any) -> SearchSpace:
         """The same space with some knobs restricted (`tp=2`, `attention=["flash2"]`)."""

@@ -14,14 +14,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from layoutsearch.costs.analytic import AnalyticCostModel
 from layoutsearch.costs.base import PREDICTION_COLUMNS, CostModel
 from layoutsearch.costs.constants import constants_path
 from layoutsearch.costs.measured import MeasuredCostModel
 from layoutsearch.costs.replay import ReplayCostModel
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.paths import read_yaml_mapping
 
 Factory = Callable[..., CostModel]
 
@@ -63,8 +62,7 @@ def _build(spec: Any, name: str | None, setting: str, settings: Mapping[str, Any
         return spec
     if isinstance(spec, str | Path):
         path = constants_path(spec)
-        with path.open() as handle:
-            config = dict(yaml.safe_load(handle) or {})
+        config = read_yaml_mapping(path, "cost-model config")
         source = str(spec)
     elif isinstance(spec, Mapping):
         config, source = dict(spec), name or "cost model config"

@@ -14,10 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
-from layoutsearch.paths import option_files, option_mapping
+from layoutsearch.paths import option_files, option_mapping, read_yaml_mapping
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,6 +137,10 @@ def parse_constants(config: Mapping[str, Any], where: str) -> dict[str, Analytic
             f"{where}: needs a 'gpus' mapping of GPU kind -> constants, got {got}; start from "
             "a copy of cost_models/analytic.yaml (fitted to the study's cluster) or "
             "cost_models/analytic_prior.yaml (a-priori values), or name one of them")
+    for gpu, values in gpus.items():
+        if not isinstance(values, Mapping):
+            raise LayoutSearchError(f"{where}: gpus.{gpu}={values!r}: must be a mapping of "
+                                    "constant name -> value")
     return {
         str(gpu): AnalyticConstants.from_dict(dict(values), f"{where}: gpus.{gpu}")
         for gpu, values in gpus.items()
@@ -147,8 +149,7 @@ def parse_constants(config: Mapping[str, Any], where: str) -> dict[str, Analytic
 
 def load_constants(name_or_path: str | Path = "analytic") -> dict[str, AnalyticConstants]:
     path = constants_path(name_or_path, target=ANALYTIC_TARGET)
-    with path.open() as handle:
-        config = yaml.safe_load(handle) or {}
+    config = read_yaml_mapping(path, "cost-model constants file")
     target = config_target(config)
     if target not in (None, ANALYTIC_TARGET):
         raise LayoutSearchError(

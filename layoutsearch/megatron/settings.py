@@ -17,11 +17,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.megatron.slurm_options import check_slurm_settings, check_submitit_values
-from layoutsearch.paths import option_files, option_mapping
+from layoutsearch.paths import option_files, option_mapping, read_yaml_mapping
 from layoutsearch.space import KNOBS
 
 LAUNCHERS = ("dry_run", "local", "slurm")
@@ -185,13 +183,7 @@ class MegatronSettings:
             path = found
         elif not path.is_file():
             raise LayoutSearchError(f"megatron={str(path)!r}: no such settings file")
-        try:
-            with path.open() as handle:
-                values = yaml.safe_load(handle) or {}
-        except yaml.YAMLError as error:
-            raise LayoutSearchError(f"megatron={str(path)!r} is not valid YAML: "
-                                    f"{' '.join(str(error).split())}") from None
-        return cls.from_dict(values, str(path))
+        return cls.from_dict(read_yaml_mapping(path, "Megatron-LM settings file"), str(path))
 
 
 def settings_names() -> list[str]:

@@ -174,3 +174,12 @@ def test_an_analytic_config_without_constants_says_where_to_start(config, got) -
                             global_batch_size=64, cost_model={
                                 "_target_": "layoutsearch.costs.analytic.AnalyticCostModel",
                                 **config})
+
+
+def test_constants_of_a_gpu_kind_that_are_no_mapping_are_named() -> None:
+    with pytest.raises(LayoutSearchError, match=r"gpus.a100_80gb=3: must be a mapping of "
+                                                r"constant name -> value"):
+        layoutsearch.search(model="llama_7b", num_gpus=8, seq_length=2048,
+                            global_batch_size=64, cost_model={
+                                "_target_": "layoutsearch.costs.analytic.AnalyticCostModel",
+                                "gpus": {"a100_80gb": 3}})

@@ -427,9 +427,9 @@ def test_megatron_settings_take_words_and_numbers_as_written_in_yaml():
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("megatron_path: [1\n", r"is not valid YAML"),
-    ("- 1\n- 2\n", r"\[1, 2\] must be a mapping of Megatron-LM settings"),
-    ("hello\n", r"'hello' must be a mapping of Megatron-LM settings"),
+    ("megatron_path: [1\n", r"bad.yaml' is not valid YAML"),
+    ("- 1\n- 2\n", r"bad.yaml' must hold a mapping of settings \(name: value\), not a list"),
+    ("hello\n", r"bad.yaml' must hold a mapping of settings \(name: value\), not a str"),
 ])
 def test_a_broken_megatron_settings_file_is_named(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
