@@ -258,6 +258,7 @@ def test_cli_without_usable_runs_exits_2_with_the_reason(tmp_path, capsys):
 
 @pytest.mark.parametrize(("options", "message"), [
     (["--memory-grid", "1"], "memory_grid=1: must be an integer >= 2"),
+    (["--memory-grid", "100000"], "memory_grid=100000: must be at most 101"),
     (["--max-evals", "0"], "max_evals=0: must be an integer >= 1"),
 ])
 def test_cli_settings_out_of_range_exit_2_before_fitting(tmp_path, capsys, options, message):

@@ -272,3 +272,7 @@ def _how_to_use(path: Path) -> str:
                 "folder named cost_models and pass that folder's parent with --config-dir")
     return (f"use it: layoutsearch --config-dir {shlex.quote(str(path.parent.parent))} "
             f"cost_models={path.stem} ..., or from Python: {python}")
+
+
+if __name__ == "__main__":  # python -m layoutsearch.calibration.cli, as the console script
+    sys.exit(main())

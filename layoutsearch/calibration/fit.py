@@ -89,9 +89,14 @@ def fit_constants(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
     clusters = dict(clusters or clusters_by_gpu())
     if free is not None:
         free = checked_free(free)
-    for name, value, least in (("max_evals", max_evals, 1), ("memory_grid", memory_grid, 2)):
+    for name, value, least, most in (("max_evals", max_evals, 1, None),
+                                     ("memory_grid", memory_grid, 2, MAX_MEMORY_GRID)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise LayoutSearchError(f"{name}={value!r}: must be an integer >= {least}")
+        if most is not None and value > most:
+            raise LayoutSearchError(
+                f"{name}={value!r}: must be at most {most} (its square of grid points is "
+                "priced for every row; the fit refines around the best cell anyway)")
     check_units(rows, clusters)
     usable = _usable(rows, clusters)
     if usable.empty:
@@ -149,6 +154,9 @@ def _fit_kind(gpu: str, group: pd.DataFrame, base: Mapping[str, AnalyticConstant
     return fit_time(objective, start, names, max_evals=max_evals)
 
 
+MAX_MEMORY_GRID = 101
+"""Grid points per memory axis at most: 101² cells are 35 times the default's 17², and a grid
+of 100,000 points ran out of RAM building its mesh (74.5 GiB)."""
 MIN_ROWS_PER_CONSTANT = 3
 """Measured rows a fit needs per constant it sets: fewer, and the constants chase the noise
 of a few runs to their bounds (11 constants on 2 rows fit them to 0.3 % and moved the best
