@@ -443,6 +443,22 @@ def test_measured_rows_that_break_a_rule_are_named_and_left_out(tmp_path, capsys
     assert (f"warning: 1 of {len(runs)} ok/oom rows break a rule and are left out of the fit, "
             "e.g. line 6 (llama_7b, a100_80gb, tp ") in error
     assert "flash3" in error.split("e.g. line 6", 1)[1]
+    provenance = yaml.safe_load((tmp_path / "mine.yaml").read_text())["provenance"]
+    assert provenance["rows"] == len(runs) - 1  # the rows the fit used
+
+
+def test_memory_constants_kept_because_every_oom_row_breaks_a_rule_are_said_kept(tmp_path,
+                                                                                 capsys):
+    runs = synthetic_runs(PRIOR["a100_80gb"])
+    runs["attention"] = runs["attention"].astype(str)
+    runs.loc[runs["status"] == "oom", "attention"] = "flash3"  # not on an A100
+    path = tmp_path / "runs.csv"
+    runs.to_csv(path, index=False)
+    assert main([str(path), "--out", str(tmp_path / "mine.yaml"), "--no-cv", "--free",
+                 "gemm_efficiency", "--max-evals", "5"]) == 0
+    assert "a100_80gb: no row with status oom" in capsys.readouterr().err
+    method = yaml.safe_load((tmp_path / "mine.yaml").read_text())["provenance"]["method"]
+    assert method.startswith("memory constants: kept from the base (no row ran out of memory)")
 
 
 def test_step_times_in_the_wrong_unit_are_refused_before_the_fit():

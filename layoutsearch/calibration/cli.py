@@ -32,6 +32,7 @@ from layoutsearch.calibration.fit import (
     fit_constants,
     memory_is_pinned,
     scored,
+    usable_rows,
 )
 from layoutsearch.calibration.memory import GRID
 from layoutsearch.catalog import clusters_by_gpu
@@ -160,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"before ({args.base}):\n" + before_table[show].round(3).to_string(index=False))
     print("after (fitted on all jobs):\n" + after_table[show].round(3).to_string(index=False))
     print(f"summary before: {_figures(before)}\nsummary after:  {_figures(after)}")
-    pinned = {str(gpu): memory_is_pinned(group) for gpu, group in rows.groupby("gpu")}
+    used = usable_rows(rows, clusters, warn=False)  # the fit warned of the others
+    pinned = {str(gpu): memory_is_pinned(group) for gpu, group in used.groupby("gpu")}
     unpinned = [gpu for gpu, fitted_memory in pinned.items() if not fitted_memory]
     memory_method = (
         "kept from the base (--keep-memory)" if args.keep_memory
@@ -170,9 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if unpinned else ""))
     provenance: dict[str, Any] = {
         "data": str(Path(args.measurements).resolve()), "date": datetime.date.today().isoformat(),
-        "rows": int(rows["status"].isin(["ok", "oom"]).sum()),
-        "rows_note": "ok/oom rows of the fitted GPU kinds (others say nothing of speed or "
-                     "memory); the fit also leaves out rows that break a rule, with a warning",
+        "rows": len(used),
+        "rows_note": "ok/oom rows of the fitted GPU kinds that pass the rules (other rows say "
+                     "nothing of speed or memory; a rule-breaking one is warned of)",
         # A config name as given; a file by its full path, as `data`.
         "base": args.base if Path(args.base).suffix not in CONSTANTS_SUFFIXES
         else str(base_file.resolve()), "free": free or "default",

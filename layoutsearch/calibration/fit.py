@@ -38,14 +38,16 @@ FIDELITY_COLUMNS = ("fit_accuracy", "spearman", "regret_points", "mape")
 """The per-job figures compared before and after (docs/fidelity.md)."""
 
 
-def _usable(rows: pd.DataFrame, clusters: Mapping[str, ClusterSpec]) -> pd.DataFrame:
-    """ok/oom rows that pass the rules (others say nothing about speed or memory); ok/oom
-    rows that break a rule are left out with a warning naming the first (a measured run the
-    rules reject is worth a look: a typo in the file, or a rule stricter than Megatron-LM's)."""
+def usable_rows(rows: pd.DataFrame, clusters: Mapping[str, ClusterSpec], *,
+                warn: bool = True) -> pd.DataFrame:
+    """The rows a fit uses: ok/oom rows that pass the rules (others say nothing about speed
+    or memory); ok/oom rows that break a rule are left out, with a warning (`warn`) naming
+    the first (a measured run the rules reject is worth a look: a typo in the file, or a
+    rule stricter than Megatron-LM's)."""
     measured = rows["status"].isin(["ok", "oom"])
     reasons = violations(rows, clusters)
     broken = np.flatnonzero(measured & (reasons != ""))
-    if len(broken):
+    if len(broken) and warn:
         i = broken[0]
         row = rows.iloc[i]
         warnings.warn(
@@ -98,7 +100,7 @@ def fit_constants(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
                 f"{name}={value!r}: must be at most {most} (its square of grid points is "
                 "priced for every row; the fit refines around the best cell anyway)")
     check_units(rows, clusters)
-    usable = _usable(rows, clusters)
+    usable = usable_rows(rows, clusters)
     if usable.empty:
         raise LayoutSearchError(
             f"no measured row has status ok or oom and passes the rules ({len(rows)} rows "
