@@ -529,6 +529,17 @@ def test_cli_on_one_job_fits_and_says_why_it_skips_cross_validation(tmp_path, ca
     assert "held-out jobs" not in printed and out.is_file()
 
 
+def test_a_free_constant_these_rows_cannot_move_is_kept_with_a_warning():
+    # flash2 only (no FlashAttention-3 on A100), measured with slower GEMMs than the prior's.
+    runs = synthetic_runs(dataclasses.replace(PRIOR["a100_80gb"], gemm_efficiency=0.65))
+    with pytest.warns(UserWarning, match="--free flash3_efficiency moves no predicted step "
+                                         "time of these rows"):
+        fitted = fit_constants(runs, PRIOR, ["flash3_efficiency", "gemm_efficiency"],
+                               max_evals=10, fit_memory_constants=False)
+    assert fitted["a100_80gb"].flash3_efficiency == PRIOR["a100_80gb"].flash3_efficiency
+    assert fitted["a100_80gb"].gemm_efficiency != PRIOR["a100_80gb"].gemm_efficiency
+
+
 def test_unknown_constant_is_named():
     runs = synthetic_runs(PRIOR["a100_80gb"])
     with pytest.raises(LayoutSearchError, match="gemm_eff"):

@@ -150,8 +150,16 @@ def _fit_kind(gpu: str, group: pd.DataFrame, base: Mapping[str, AnalyticConstant
         _enough_rows(gpu, "ok or oom", _layouts(group), MEMORY_CONSTANTS, "--keep-memory")
         start = fit_memory(group, start, clusters, grid=memory_grid).constants
     objective = TimeObjective(group, clusters)
-    names = [n for n in free if n not in MEMORY_CONSTANTS] if free is not None else (
-        time_free(objective, start, skip=MEMORY_CONSTANTS))
+    moving = time_free(objective, start, skip=MEMORY_CONSTANTS)
+    names = [n for n in free if n not in MEMORY_CONSTANTS] if free is not None else moving
+    still = [n for n in names if n not in moving]
+    if still:
+        warnings.warn(f"{gpu}: --free {', '.join(still)} moves no predicted step time of these "
+                      "rows (e.g. flash3_efficiency without FlashAttention-3 runs): kept as "
+                      "the base's", stacklevel=3)
+        names = [n for n in names if n in moving]
+        if not names:
+            return start
     _enough_rows(gpu, "ok", _layouts(group[group["status"] == "ok"]), names, "--free")
     return fit_time(objective, start, names, max_evals=max_evals)
 
