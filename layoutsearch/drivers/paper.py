@@ -42,6 +42,8 @@ NO_RULE_LAYOUT = ("no candidate has the settings the study's rules pick (micro-b
                   "recompute none, mlp or full)")
 RULE_COLUMN = "paper_rule"
 """The column that explains each row's part in the choice."""
+PASSED_OVER = "passed over by the rules: "
+"""How RULE_COLUMN starts for a row the rules priced but did not pick."""
 
 Evaluate = Callable[[pd.DataFrame], pd.DataFrame]
 
@@ -176,7 +178,7 @@ def _finish(price: _Pricer, pool: pd.DataFrame, chosen: Any, why: str) -> PaperC
         return PaperChoice(priced=rows, chosen=None, calls=price.calls, why=why)
     rows[RULE_COLUMN] = [
         why if label == chosen
-        else f"passed over by the rules: {reason or 'fits, no faster than the pick'}"
+        else f"{PASSED_OVER}{reason or 'fits, no faster than the pick'}"
         for label, reason in zip(rows.index, rows["reason"].fillna(""), strict=True)
     ]
     return PaperChoice(priced=rows, chosen=chosen, calls=price.calls, why=why)

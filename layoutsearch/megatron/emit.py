@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from layoutsearch.drivers.paper import PASSED_OVER, RULE_COLUMN
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.megatron.args import MegatronCommand, build_command
@@ -151,6 +152,9 @@ def write_launch_scripts(ranked: pd.DataFrame, job: Job, out_dir: str | Path,
             f" (predicted MFU {float(mfu):.3f})" if pd.notna(mfu) else "")
         if twins:
             label += "; the same command runs " + ", ".join(twins)
+        rule = row.get(RULE_COLUMN)
+        if isinstance(rule, str) and rule.startswith(PASSED_OVER):
+            label += f"; {rule}"  # driver=paper priced it on the way to its pick
         # The predicted step time sizes the sbatch time limit (s); none when unpredicted.
         step = row.get("step_time_s")
         step_time_s = float(step) if pd.notna(step) else None

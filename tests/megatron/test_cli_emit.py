@@ -11,7 +11,8 @@ import pandas as pd
 
 import layoutsearch
 from layoutsearch.megatron import parse_argv
-from layoutsearch.megatron.emit import emit_megatron
+from layoutsearch.megatron.emit import emit_megatron, write_launch_scripts
+from layoutsearch.results import job_of
 
 
 def test_emit_megatron_writes_scripts_into_the_run_directory(tmp_path: Path) -> None:
@@ -70,3 +71,13 @@ def test_emit_megatron_counts_its_scripts_and_the_layouts_they_share(tmp_path, c
     assert wrote.startswith("wrote 2 Megatron-LM launch scripts to ")
     assert wrote.endswith("; 1 layout ranked among them runs the same command as a better one "
                           "and got no script of its own")
+
+
+def test_a_script_of_a_layout_the_studys_rules_passed_over_says_so(tmp_path) -> None:
+    # The rules price micro-batch 1, then raise it to 2: both fit, both get a script.
+    ranked = layoutsearch.search(driver="paper", model="llama_7b", num_gpus=8,
+                                 seq_length=2048, global_batch_size=256)
+    paths = write_launch_scripts(ranked, job_of(ranked), tmp_path, top_k=2)
+    pick, passed = (path.read_text() for path in paths)
+    assert "passed over by the rules" not in pick
+    assert "passed over by the rules: fits, no faster than the pick" in passed
