@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             validated = None if args.no_cv else cross_validate(
                 rows, base, free, clusters=clusters, **settings)
     except LayoutSearchError as error:
-        print(f"cross-validation skipped: {error}")
+        print(f"layoutsearch-calibrate: cross-validation skipped: {error}", file=sys.stderr)
         provenance["leave_one_job_out"] = f"skipped: {error}"
         validated = None
     if validated is not None:

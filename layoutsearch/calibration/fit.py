@@ -241,10 +241,15 @@ def cross_validate(rows: pd.DataFrame, base: Mapping[str, AnalyticConstants],
     for key in keys.unique():
         held, rest = rows[keys == key], rows[keys != key]
         record: dict[str, object] = held[list(GROUP_COLUMNS)].iloc[0].to_dict()
+        job = " ".join(str(v) for v in record.values())
         try:
-            fitted = fit_constants(rest, base, free, max_evals=max_evals,
-                                   fit_memory_constants=fit_memory_constants,
-                                   memory_grid=memory_grid, clusters=clusters)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                fitted = fit_constants(rest, base, free, max_evals=max_evals,
+                                       fit_memory_constants=fit_memory_constants,
+                                       memory_grid=memory_grid, clusters=clusters)
+            for warning in caught:  # which fold said it
+                warnings.warn(f"holding out {job}: {warning.message}", stacklevel=2)
         except LayoutSearchError as error:
             # The other jobs are too few for a fit (say one small job beside this big one):
             # this job is not scored; the others still are.
