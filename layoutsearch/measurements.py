@@ -372,6 +372,12 @@ def read_table(path: str | Path) -> pd.DataFrame:
         # A pipe or a device would be read once, or block: a file is what can be read again.
         what = "is not a regular file" if path.exists() else "does not exist"
         raise LayoutSearchError(f"measurement file {str(path)!r} {what}")
+    if path.suffix.lower() in (".yaml", ".yml", ".json"):
+        # Read as CSV it would fail on some line's commas, which says nothing of the mistake.
+        raise LayoutSearchError(
+            f"measurement file {str(path)!r} is a {path.suffix[1:].upper()} file, not a "
+            "measurement table: name a CSV or Parquet file of runs (docs/measurements.md); "
+            "cost-model constants go to cost_model=, Megatron-LM settings to megatron=")
     parquet = is_parquet(path)
     lines = [] if parquet else _record_lines(path)  # refuses a line longer than the header
     try:

@@ -123,6 +123,14 @@ def test_a_folder_is_not_a_measurement_file(tmp_path: Path) -> None:
         read_measurements(tmp_path)
 
 
+def test_a_yaml_file_is_not_a_measurement_file(tmp_path: Path) -> None:
+    path = tmp_path / "constants.yaml"
+    path.write_text("gpus:\n  a100_80gb: {gemm_efficiency: 0.75, note: 'a, b'}\n")
+    with pytest.raises(LayoutSearchError, match=r"constants.yaml' is a YAML file, not a "
+                       r"measurement table: name a CSV or Parquet file of runs"):
+        read_measurements(path)
+
+
 # A bad value in the third data row: line 4 of the file (the header is line 1).
 @pytest.mark.parametrize(
     ("column", "value", "message"),
