@@ -141,7 +141,10 @@ def close_call_note(ranked: pd.DataFrame, *,
     if not others:
         return ""
     runner_up = others[0]
-    trials = min(len(others) + int(launchable(rows[0])), CLOSE_CALL_MAX_TRIALS)
+    wanted = len(others) + int(launchable(rows[0]))
+    trials = min(wanted, CLOSE_CALL_MAX_TRIALS)
+    capped = (f" (the best {CLOSE_CALL_MAX_TRIALS} of {wanted}: a tie-break, not a sweep)"
+              if wanted > trials else "")
     count = "1 other layout is" if len(others) == 1 else f"{len(others)} other layouts are"
     # The local launcher runs one node; a job on more needs Slurm.
     nodes = int(best["num_gpus"]) > int(best["gpus_per_node"])
@@ -150,7 +153,7 @@ def close_call_note(ranked: pd.DataFrame, *,
             f"next: {Layout.from_row(runner_up).describe()}, MFU {float(runner_up['mfu']):.3f}"
             f"); on the study's runs {100 * CLOSE_CALL_WRONG_ORDER:.0f} % of the layout pairs "
             f"the shipped analytic model predicted this close ran in the other order. Measure "
-            f"the top {trials} before committing: cost_models=measured "
+            f"the top {trials}{capped} before committing: cost_models=measured "
             f"cost_models.prescreen={prescreen()} cost_models.top_k={trials}{launcher}"
             + (f" cost_models.megatron={settings}" if settings else "") + ".")
 

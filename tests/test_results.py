@@ -222,6 +222,8 @@ def test_a_close_call_suggests_at_most_eight_trials() -> None:
     ranked = rank(scored([{"tp": 1, "mfu": 0.6 - 0.001 * i, "fits": True}
                           for i in range(12)]))
     assert close_call_note(ranked).startswith("11 other layouts are within 5 %")
+    assert "Measure the top 8 (the best 8 of 12: a tie-break, not a sweep) before" \
+        in close_call_note(ranked)
     assert close_call_note(ranked).endswith("cost_models.top_k=8 cost_models.launcher=slurm.")
 
 
