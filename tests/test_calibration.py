@@ -7,6 +7,8 @@ constants, so a fit can be checked against the truth.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -234,6 +236,9 @@ def test_cli_writes_a_loadable_config_with_provenance(tmp_path, capsys):
     measured = pd.read_csv(path)["status"].isin(["ok", "oom"]).sum()
     assert provenance["rows"] == measured and provenance["base"] == "analytic_prior"
     assert "memory constants: fewest wrong ok/oom calls" in provenance["method"]
+    assert provenance["data_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert provenance["settings"] == {"max_evals": 30, "memory_grid": 5, "keep_memory": False}
+    assert provenance["layoutsearch"] == importlib.metadata.version("layoutsearch")
     # Jobs are named by every field that makes one: two jobs may differ in GPU kind alone.
     jobs = {"llama_7b 2048 a100_80gb 16 256", "llama_13b 2048 a100_80gb 32 256"}
     assert set(provenance["leave_one_job_out"]) == jobs

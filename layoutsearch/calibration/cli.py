@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import hashlib
 import shlex
 import sys
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +173,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"; kept from the base for {', '.join(unpinned)} (no row ran out of memory)"
             if unpinned else ""))
     provenance: dict[str, Any] = {
-        "data": str(Path(args.measurements).resolve()), "date": datetime.date.today().isoformat(),
+        "data": str(Path(args.measurements).resolve()),
+        # The file may change after the fit: its digest says which version was fitted.
+        "data_sha256": hashlib.sha256(Path(args.measurements).read_bytes()).hexdigest(),
+        "date": datetime.date.today().isoformat(),
+        "layoutsearch": _version(),
+        "settings": {"max_evals": args.max_evals, "memory_grid": args.memory_grid,
+                     "keep_memory": bool(args.keep_memory)},
         "rows": len(used),
         "rows_note": "ok/oom rows of the fitted GPU kinds that pass the rules (other rows say "
                      "nothing of speed or memory; a rule-breaking one is warned of)",
@@ -243,6 +251,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(f"wrote {path}\n{_how_to_use(path)}")
     return 0
+
+
+def _version() -> str:
+    """This layoutsearch's version, as installed (a checkout on PYTHONPATH has none)."""
+    try:
+        return version("layoutsearch")
+    except PackageNotFoundError:
+        return "not installed (a source checkout)"
 
 
 def _unwritable(out: str, measurements: str, base_file: Path) -> str | None:
