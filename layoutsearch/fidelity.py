@@ -29,13 +29,25 @@ GROUP_COLUMNS = ("model", "seq_length", "gpu", "num_gpus", "global_batch_size")
 PREDICTED = ("predicted_mfu", "predicted_fits")
 
 
-def collapse_twins(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per effective layout of each group: SP at tp=1 folded, repeats averaged."""
+def _effective_layouts(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """`frame` with sequence parallelism at tp=1 (a no-op) folded to false, and the columns
+    that tell its effective layouts apart (the group's and the layout's)."""
     # predict() leaves the given columns as written, e.g. "true"/"false" read from a CSV.
     sequence_parallel = as_bool(frame, "sequence_parallel", "fidelity input")
     rows = frame.assign(sequence_parallel=sequence_parallel & (frame["tp"] > 1))
+    return rows, [c for c in (*GROUP_COLUMNS, *LAYOUT_COLUMNS) if c in rows.columns]
+
+
+def distinct_layouts(frame: pd.DataFrame) -> int:
+    """How many effective layouts `frame` holds: repeats and SP-at-tp=1 twins count once."""
+    rows, keys = _effective_layouts(frame)
+    return len(rows.drop_duplicates(keys))
+
+
+def collapse_twins(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per effective layout of each group: SP at tp=1 folded, repeats averaged."""
+    rows, keys = _effective_layouts(frame)
     rows = rows[rows["status"].isin(["ok", "oom"])]
-    keys = [c for c in (*GROUP_COLUMNS, *LAYOUT_COLUMNS) if c in rows.columns]
     rows["ran"] = rows["status"] == "ok"
     # Every prediction is averaged over twins, save the go/no-go call and the reason.
     predictions = {c: "mean" for c in rows.columns if c.startswith("predicted_")

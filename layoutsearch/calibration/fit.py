@@ -25,8 +25,12 @@ from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs.analytic import AnalyticCostModel
 from layoutsearch.costs.constants import AnalyticConstants
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.fidelity import GROUP_COLUMNS, fidelity, spearman_change_interval
-from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.fidelity import (
+    GROUP_COLUMNS,
+    distinct_layouts,
+    fidelity,
+    spearman_change_interval,
+)
 from layoutsearch.measurements import check_units, row_names
 from layoutsearch.rules import violations
 from layoutsearch.specs import ClusterSpec
@@ -147,7 +151,7 @@ def _fit_kind(gpu: str, group: pd.DataFrame, base: Mapping[str, AnalyticConstant
                           "base's (their fit needs runs that ran out of memory beside runs "
                           "that fit)", stacklevel=3)
     elif fit_memory_constants:
-        _enough_rows(gpu, "ok or oom", _layouts(group), MEMORY_CONSTANTS, "--keep-memory")
+        _enough_rows(gpu, "ok or oom", distinct_layouts(group), MEMORY_CONSTANTS, "--keep-memory")
         start = fit_memory(group, start, clusters, grid=memory_grid).constants
     objective = TimeObjective(group, clusters)
     moving = time_free(objective, start, skip=MEMORY_CONSTANTS)
@@ -160,7 +164,7 @@ def _fit_kind(gpu: str, group: pd.DataFrame, base: Mapping[str, AnalyticConstant
         names = [n for n in names if n in moving]
         if not names:
             return start
-    _enough_rows(gpu, "ok", _layouts(group[group["status"] == "ok"]), names, "--free")
+    _enough_rows(gpu, "ok", distinct_layouts(group[group["status"] == "ok"]), names, "--free")
     return fit_time(objective, start, names, max_evals=max_evals)
 
 
@@ -171,15 +175,6 @@ MIN_ROWS_PER_CONSTANT = 3
 """Measured rows a fit needs per constant it sets: fewer, and the constants chase the noise
 of a few runs to their bounds (11 constants on 2 rows fit them to 0.3 % and moved the best
 layout of a 13B job)."""
-
-
-def _layouts(rows: pd.DataFrame) -> int:
-    """Distinct layouts among `rows`, as docs/fidelity.md counts them: a repeated run is one
-    layout, and so is sequence parallelism at tp = 1 (a no-op) beside its twin."""
-    keys = [c for c in (*GROUP_COLUMNS, *LAYOUT_COLUMNS) if c in rows.columns]
-    folded = rows.assign(sequence_parallel=rows["sequence_parallel"].astype(bool)
-                         & (rows["tp"] > 1))
-    return len(folded.drop_duplicates(keys))
 
 
 def _enough_rows(gpu: str, kind: str, rows: int, names: Sequence[str], option: str) -> None:
