@@ -23,6 +23,18 @@ RECOMPUTE_KINDS = ("none", "selective", "mlp", "full")
 """Activation checkpointing: `selective` = core attention only (Megatron's selective),
 `mlp` = the MLP block only, `full` = every layer."""
 
+
+
+def uses_transformer_engine(flash_attention: Any, rmsnorm_kernel: Any,
+                            sequence_parallel: Any, tp: Any) -> Any:
+    """Whether the layout's Megatron-LM command runs Transformer Engine's layers, for one
+    layout (bools) or a table (arrays): FlashAttention and the fused norm exist only there,
+    and the local layers' PyTorch norms refuse sequence parallelism at tp > 1
+    (megatron/core/transformer/torch_norm.py). TE's layers fuse each norm into the linear
+    after it (TELayerNormColumnParallelLinear), which changes what a checkpoint keeps."""
+    return flash_attention | rmsnorm_kernel | (sequence_parallel & (tp > 1))
+
+
 LAYOUT_COLUMNS = (
     "tp", "pp", "dp", "cp", "vp", "micro_batch_size", "sequence_parallel", "attention",
     "rmsnorm_kernel", "recompute", "distributed_optimizer", "overlap_grad_reduce",

@@ -49,7 +49,14 @@ def activation_bytes_per_layer(sh: Shapes) -> tuple[Array, Array]:
     replicated = np.where(sh.sequence_parallel, 1.0 / t, 1.0)
     norm_bytes = np.where(sh.fused_norm, NORM_BYTES_FUSED, NORM_BYTES_UNFUSED)
     norms = 2 * norm_bytes * T * h * replicated  # two norms per block
-    linear_inputs = 2 * 2.0 * T * h * replicated  # QKV and FC1 keep the norms' outputs
+    mlp_recompute = sh.is_recompute("mlp")
+    # QKV and FC1 keep the norms' outputs. Under mlp recompute the MLP's checkpoint keeps
+    # its input instead: with the local layers the pre-MLP norm's output (FC1's input);
+    # with Transformer Engine's the norm is inside FC1 (TELayerNormColumnParallelLinear,
+    # pre_mlp_layernorm=IdentityOp in gpt_layer_specs.py), so the checkpoint keeps the
+    # residual stream, already kept as the norm's input, and FC1's input is recomputed.
+    fc1_input_recomputed = mlp_recompute & sh.transformer_engine
+    linear_inputs = np.where(fc1_input_recomputed, 1.0, 2.0) * 2.0 * T * h * replicated
     qkv = 2.0 * T * (h + 2 * sh.kv_width) / t  # q, k, v for the attention backward
     context = 2.0 * T * h / t  # attention output, input of the output projection
     scores = sh.per_attention(SCORE_BYTES) * T * sh.seq * sh.heads / t
@@ -58,11 +65,10 @@ def activation_bytes_per_layer(sh: Shapes) -> tuple[Array, Array]:
     mlp = np.where(sh.swiglu, 6.0, 4.0) * T * f / t
     layer_input = 2.0 * T * h * replicated
     selective = sh.is_recompute("selective")
-    mlp_recompute = sh.is_recompute("mlp")
     kept = (
         norms + linear_inputs + qkv + context
         + np.where(selective, 0.0, scores)  # selective recomputes softmax(QK^T)V
-        + np.where(mlp_recompute, 0.0, mlp)  # the MLP's input (FC1's, above) is its checkpoint
+        + np.where(mlp_recompute, 0.0, mlp)
     )
     return kept, layer_input
 

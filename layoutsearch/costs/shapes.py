@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
-from layoutsearch.layout import ATTENTION_KERNELS, RECOMPUTE_KINDS
+from layoutsearch.layout import ATTENTION_KERNELS, RECOMPUTE_KINDS, uses_transformer_engine
 from layoutsearch.pipeline import stage_split
 from layoutsearch.specs import ClusterSpec
 
@@ -89,6 +89,9 @@ class Shapes:
     """Flags: each norm runs as one kernel. RMSNorm only with the study's RMSNorm kernel;
     LayerNorm always (Apex's FusedLayerNorm, Transformer Engine's, or PyTorch's native
     layer_norm, whichever Megatron-LM's layers use)."""
+    transformer_engine: Array
+    """Flags: the emitted command runs Transformer Engine's layers, each norm fused into
+    the linear after it (layout.uses_transformer_engine)."""
     distributed_optimizer: Array  # flags
     overlap_grad_reduce: Array  # flags
     attention: Array
@@ -195,6 +198,9 @@ class Shapes:
             sequence_parallel=_flags(table, "sequence_parallel") & (tp > 1),
             fused_norm=_flags(table, "rmsnorm_kernel") | (table["normalization"] != "RMSNorm")
             .to_numpy(),
+            transformer_engine=uses_transformer_engine(
+                table["attention"].isin(("flash1", "flash2", "flash3")).to_numpy(),
+                _flags(table, "rmsnorm_kernel"), _flags(table, "sequence_parallel"), tp),
             distributed_optimizer=_flags(table, "distributed_optimizer"),
             overlap_grad_reduce=_flags(table, "overlap_grad_reduce"),
             attention=_codes(table, "attention", ATTENTION_KERNELS),

@@ -53,6 +53,10 @@ ATTENTION_KERNELS = {"torch": 6.0, "fused": 3.0, "flash1": 1.0, "flash2": 1.0, "
 UNFUSED_NORM_EXTRA_KERNELS = 6.0
 BACKWARD_TRAFFIC = 2.0
 BACKWARD_FLOPS = 2.0  # dgrad and wgrad GEMMs are each as large as the forward GEMM
+# FlashAttention's backward recomputes QK^T: five GEMMs against the forward's two, 2.5x
+# its FLOPs. Its published TFLOP/s (and so the *_efficiency constants) count fwd+bwd as
+# 3.5x the forward (Dao-AILab flash-attention, benchmarks/benchmark_flash_attention.py).
+FLASH_BACKWARD_FLOPS = 2.5
 # Adam on the local shard, besides reading the gradient (`gradient_bytes`): read and write
 # fp32 master, m and v (24), write the bf16 weight (2).
 OPTIMIZER_STATE_TRAFFIC = 26.0
@@ -110,7 +114,8 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     )
     attention_rate = peak * attention_efficiency
     score_traffic = sh.per_attention(SCORE_TRAFFIC) * T * s * sh.heads / t  # fwd + bwd
-    attention_s = passes * score_flops / attention_rate + score_traffic / bandwidth
+    attention_passes = np.where(flash, 1.0 + FLASH_BACKWARD_FLOPS, passes)
+    attention_s = attention_passes * score_flops / attention_rate + score_traffic / bandwidth
 
     norm_traffic = np.where(sh.fused_norm, NORM_TRAFFIC_FUSED, NORM_TRAFFIC_UNFUSED)
     token_traffic = (2 * norm_traffic + RESIDUAL_TRAFFIC) * T * h * replicated
@@ -143,7 +148,8 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
                        + score_traffic / (1 + BACKWARD_TRAFFIC) / bandwidth)
     forward_compute_s = attn_gemm_fwd_s + mlp_gemm_fwd_s + attention_fwd_s + elementwise_fwd_s
     full = sh.is_recompute("full")
-    recomputes = [full, sh.is_recompute("selective"), sh.is_recompute("mlp")]
+    mlp_recompute = sh.is_recompute("mlp")
+    recomputes = [full, sh.is_recompute("selective"), mlp_recompute]
     recompute_layer_s = np.select(
         recomputes,
         [forward_compute_s, attention_fwd_s, mlp_gemm_fwd_s + mlp_traffic / bandwidth],
@@ -157,8 +163,11 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
         + np.where(sh.fused_norm, 0.0, 2 * UNFUSED_NORM_EXTRA_KERNELS)
         + np.where(t > 1, np.where(sh.sequence_parallel, 4.0, 2.0), 0.0)
     )
+    # The MLP's recomputed forward reruns FC1, SwiGLU and FC2, and FC2's all-reduce (with
+    # SP, FC1's all-gather and FC2's reduce-scatter).
+    mlp_collectives = np.where(t > 1, np.where(sh.sequence_parallel, 2.0, 1.0), 0.0)
     recompute_kernels = np.select(
-        recomputes, [forward_kernels, attention_kernels, 3.0], default=0.0)
+        recomputes, [forward_kernels, attention_kernels, 3.0 + mlp_collectives], default=0.0)
     kernels = passes * forward_kernels + recompute_kernels
 
     # Context parallelism passes each rank's K and V chunk around a ring (cp-1 steps) forward,
@@ -201,7 +210,9 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
         "attention": attention_s,
         "elementwise": (1 + BACKWARD_TRAFFIC) * elementwise_fwd_s,
         "recompute": recompute_layer_s,
-        "tp_comm": tp_fwd_s + tp_bwd_s + np.where(full, tp_fwd_s, 0.0),
+        # Recomputation repeats forward collectives: all of them (full), or the MLP's half.
+        "tp_comm": tp_fwd_s + tp_bwd_s + tp_fwd_s * np.select(
+            [full, mlp_recompute], [1.0, 0.5], default=0.0),
         "cp_comm": cp_exposed_s,
         "overhead": kernels * k["kernel_overhead_s"],
     }

@@ -21,7 +21,7 @@ import pandas as pd
 
 from layoutsearch.costs.constants import load_constants
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.layout import Layout
+from layoutsearch.layout import Layout, uses_transformer_engine
 from layoutsearch.megatron.settings import MegatronSettings
 from layoutsearch.pipeline import stage_layers
 from layoutsearch.rules import FUSED_SOFTMAX_SHAPE, fused_softmax_takes
@@ -200,11 +200,8 @@ def _kernel_args(layout: Layout, model: ModelSpec,
     env: dict[str, str] = {}
     notes: list[str] = []
     flash = layout.attention in (*FLASH_KERNELS, "flash1")
-    # The local layers' norms are PyTorch's (WrappedTorchNorm; LayerNorm is Apex's only
-    # where Apex is installed), which asserts "sequence parallel not supported by torch
-    # LayerNorm" (megatron/core/transformer/torch_norm.py).
-    torch_norm_refuses = layout.sequence_parallel and layout.tp > 1
-    if flash or layout.rmsnorm_kernel or torch_norm_refuses:
+    if uses_transformer_engine(flash, layout.rmsnorm_kernel, layout.sequence_parallel,
+                               layout.tp):
         # TE's unfused attention materializes the scores and uses TE's port of Megatron's
         # fused scale-mask-softmax, switched by NVTE_MASKED_SOFTMAX_FUSION.
         backend = "flash" if flash else "unfused"

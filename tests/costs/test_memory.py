@@ -145,3 +145,20 @@ def test_a_trimmed_first_stage_moves_the_peak_to_the_second() -> None:
     kept, _ = activation_bytes_per_layer(sh)
     factor = 1.55  # activation_memory_factor of cost_models/analytic.yaml
     assert row["memory_activations_gib"] == pytest.approx(56 * factor * kept[0] / GIB)
+
+
+@pytest.mark.parametrize(("attention", "rmsnorm_kernel", "kept_norm_outputs"),
+                         [("fused", False, 2), ("flash2", True, 1)])
+def test_mlp_recompute_keeps_fc1_input_only_with_the_local_layers(
+        attention: str, rmsnorm_kernel: bool, kept_norm_outputs: int) -> None:
+    # LLaMA 13B (SwiGLU, f = 13824), tp 2, no SP: mlp recompute drops the MLP's 6 bytes per
+    # ffn element. The local layers' checkpoint input is the pre-MLP norm's output (FC1's
+    # input, kept); Transformer Engine fuses that norm into FC1, so its checkpoint keeps the
+    # residual stream (the norm's input, kept anyway) and FC1's input goes too.
+    T, h, f, tp = 2048, 5120, 13824, 2
+    kept = {recompute: activation_bytes_per_layer(shapes(
+        tp=tp, attention=attention, rmsnorm_kernel=rmsnorm_kernel, recompute=recompute))[0][0]
+        for recompute in ("none", "mlp")}
+    dropped_norm_outputs = 2 - kept_norm_outputs
+    assert kept["none"] - kept["mlp"] == pytest.approx(
+        6 * T * f / tp + dropped_norm_outputs * 2 * T * h)

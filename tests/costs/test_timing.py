@@ -69,6 +69,28 @@ def test_flash_attention_is_faster_than_materialized_scores() -> None:
     assert t["flash2"] < t["flash1"] < t["fused"] < t["torch"]
 
 
+def test_flash_attention_backward_is_two_and_a_half_forwards() -> None:
+    # FlashAttention's backward recomputes QK^T: 2.5x the forward's 4·T·s·h/2 causal FLOPs
+    # (Dao-AILab benchmark_flash_attention.py), at flash2_efficiency of 312 TFLOP/s. LLaMA
+    # 13B, tp 1, pp 1: 40 layers x 64 micro-batches of 2048 tokens per step.
+    row = score(attention="flash2").iloc[0]
+    flash2 = load_constants("analytic")["a100_80gb"].flash2_efficiency
+    T, s, h = 2048, 2048, 5120
+    forward_flops = 4 * T * s * h / 2
+    expected = 40 * 2048 / 64 * (1 + 2.5) * forward_flops / (312e12 * flash2)
+    assert row["time_attention_s"] == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_mlp_recompute_repeats_half_the_forward_collectives(sequence_parallel: bool) -> None:
+    # Recomputing the MLP reruns its forward with FC2's all-reduce (with SP, FC1's gather and
+    # FC2's reduce-scatter): one of the two per layer that full recompute repeats.
+    comm = score(tp=4, recompute=["none", "mlp", "full"], sequence_parallel=sequence_parallel,
+                 ).set_index("recompute")["time_tp_comm_s"]
+    assert comm["mlp"] - comm["none"] == pytest.approx((comm["full"] - comm["none"]) / 2)
+    assert comm["mlp"] > comm["none"]
+
+
 def test_tensor_parallel_comm_is_zero_at_tp1_and_grows_across_nodes() -> None:
     rows = score(tp=[1, 8, 16], model="llama_65b", num_gpus=128).set_index("tp")
     comm = rows["time_tp_comm_s"]
