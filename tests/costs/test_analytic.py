@@ -37,6 +37,14 @@ def test_scores_carry_the_prediction_columns_and_reasons() -> None:
     assert rows.loc[rows["fits"], "cost_reason"].eq("").all()
 
 
+def test_an_absurd_size_still_reports_the_memory_it_needs() -> None:
+    # A 2**53 vocabulary needs ~4e11 GiB per GPU: past the packed key of (peak, limit).
+    row = score(model_fields={"vocab_size": 2**53}).iloc[0]
+    needs = float(row["cost_reason"].split()[1])
+    assert needs == pytest.approx(row["peak_memory_gib"], rel=1e-9)
+    assert row["cost_reason"].endswith("GiB > 80.0 GiB per GPU")
+
+
 def test_hopper_is_faster_than_ampere_and_h200_fits_more() -> None:
     a100 = score(cluster="a100_80gb", tp=1, micro_batch_size=[1, 2]).set_index("micro_batch_size")
     h100 = score(cluster="h100_sxm", tp=1, micro_batch_size=[1, 2]).set_index("micro_batch_size")
