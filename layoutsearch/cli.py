@@ -264,14 +264,37 @@ def _chosen_options(group: str, overrides: Sequence[Override]) -> list[str]:
     return [str(d[group]) for d in primary["defaults"] if isinstance(d, dict) and group in d]
 
 
-def _option_config(group: str, option: str, extra: Sequence[Path] = ()) -> dict[str, Any]:
-    """An option's YAML as written, looked for as Hydra does: in the shipped folder, then
-    the user's (the first of a name wins)."""
+def _option_file(group: str, option: str, extra: Sequence[Path] = ()) -> Path | None:
+    """An option's YAML file, looked for as Hydra does: in the shipped folder, then the
+    user's (the first of a name wins)."""
     for folder in (GROUP_DIRS[group](), *(folder / group for folder in extra)):
         path = folder / f"{option}.yaml"
         if path.is_file():
-            return option_mapping(path) or {}
-    return {}
+            return path
+    return None
+
+
+def _option_config(group: str, option: str, extra: Sequence[Path] = ()) -> dict[str, Any]:
+    """An option's YAML as written ({} where it is missing or unreadable)."""
+    path = _option_file(group, option, extra)
+    return (option_mapping(path) or {}) if path else {}
+
+
+def check_option_files(overrides: Sequence[Override], extra: Sequence[Path]) -> None:
+    """Parse every option the command chooses as Hydra will (OmegaConf also refuses a
+    duplicate key), so a broken file is named with its line, not in Hydra's traceback."""
+    for group in GROUP_DIRS:
+        for option in _chosen_options(group, overrides):
+            path = _option_file(group, option, extra)
+            if path is None:
+                continue
+            try:
+                OmegaConf.load(path)
+            except (OSError, UnicodeDecodeError, yaml.YAMLError,
+                    OmegaConfBaseException) as error:
+                raise LayoutSearchError(
+                    f"{group}={option}: {str(path)!r} is not valid YAML: "
+                    f"{' '.join(str(error).split())}") from None
 
 
 SETTING_GROUPS = ("driver", "cost_models")
@@ -442,6 +465,7 @@ def check_group_choices(argv: Sequence[str]) -> None:
     # After the options are known to exist: a misspelled one is named as such.
     if extra is None:
         return
+    check_option_files(overrides, extra)
     for override in overrides:
         for group, swept in chosen.items():
             check_setting_key(override, group, swept, extra)

@@ -288,6 +288,24 @@ def test_a_users_config_folder_adds_options_and_keeps_every_check(tmp_path: Path
         check_group_choices(["hydra.searchpath=[pkg://my_configs]", "num_gpu=8"])
 
 
+@pytest.mark.parametrize(("text", "rule"), [
+    ("name: mine\ntp: [1, 2\npp: [1]\n", "expected ',' or ']'"),
+    ("tp: [1, 2]\ntp: [4]\n", "found duplicate key tp"),
+])
+def test_a_chosen_option_that_is_not_valid_yaml_is_named_with_its_line(
+        tmp_path: Path, text: str, rule: str) -> None:
+    folder = tmp_path / "my_configs"
+    (folder / "search_spaces").mkdir(parents=True)
+    (folder / "search_spaces" / "mine.yaml").write_text(text)
+    with pytest.raises(LayoutSearchError, match=rf"search_spaces=mine: '.*mine.yaml' is not "
+                       rf"valid YAML: .*line \d.*{re.escape(rule)}"):
+        check_group_choices(["--config-dir", str(folder), "search_spaces=mine"])
+    check_group_choices(["--config-dir", str(folder), "search_spaces=paper"])  # not chosen
+    done = layoutsearch("--config-dir", str(folder), "search_spaces=mine",
+                        f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+
+
 def test_a_driver_setting_under_another_driver_names_the_driver_that_has_it() -> None:
     with pytest.raises(LayoutSearchError, match=re.escape(
             "driver.n_trials: driver=grid has no setting 'n_trials'; it is a setting of "
