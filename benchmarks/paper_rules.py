@@ -53,7 +53,8 @@ def compare_job(model: str, seq: int, gpus: int, batch: int, cost_model: object,
         line += "\n" + " " * 26 + "why: " + compare(best, pick)
     unmeasured = paper["reason"].fillna("").str.startswith("unmeasured").sum()
     if unmeasured:
-        line += f"\n{'':26s}note: the rules passed over {unmeasured} unmeasured layouts"
+        line += (f"\n{'':26s}note: the rules passed over {unmeasured} unmeasured "
+                 f"layout{'' if unmeasured == 1 else 's'}")
     return line
 
 

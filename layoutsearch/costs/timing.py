@@ -137,7 +137,8 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     # study's runs refit no better (min ρ 0.902 against 0.902, MFU MAPE 5.3 % against 5.0 %)
     # and Megatron-LM's published GPT-3 175B run on 96 H100s is overshot (50.7 % predicted,
     # 47 % measured, against 46.8 % priced exposed; on 4,608 GPUs 42.2 % against 40.9 %, 42 %
-    # measured).
+    # measured; figures from before FlashAttention's backward counted 2.5 forwards, which
+    # moved the exposed ones 0.1-0.2 points).
     tp_bandwidth = _bus_bandwidth(sh, k, t, np.ones_like(t))
     tp_collective_s = np.where(t > 1, 2 * (t - 1) / t * 2.0 * T * h / tp_bandwidth, 0.0)
     tp_fwd_s = 2 * tp_collective_s
