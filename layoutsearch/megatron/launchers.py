@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.lifetime import stop_with_parent
+from layoutsearch.lifetime import STOP_GRACE_S, stop_process_tree, stop_with_parent
 from layoutsearch.megatron.args import MegatronCommand
 from layoutsearch.megatron.scripts import torchrun_argv, trial_time_limit_s, write_script
 from layoutsearch.megatron.settings import MegatronSettings
@@ -107,10 +106,13 @@ class LocalLauncher:
 
     name = "local"
 
-    def __init__(self, settings: MegatronSettings, max_nodes: int | None = 1) -> None:
+    def __init__(self, settings: MegatronSettings, max_nodes: int | None = 1,
+                 stop_grace_s: float = STOP_GRACE_S) -> None:
         self.settings = settings
         self.max_nodes = max_nodes
         """Nodes one torchrun may span (1 on a real node; None for a fake cluster)."""
+        self.stop_grace_s = stop_grace_s
+        """Seconds a stopped trial's torchrun has to stop its ranks before all are killed."""
 
     def preflight(self, command: MegatronCommand) -> str | None:
         if self.max_nodes is not None and command.nodes > self.max_nodes:
@@ -138,7 +140,7 @@ class LocalLauncher:
         env = dict(self.environment(command))
         with trial.log_path.open("w") as log:
             try:
-                # A session of its own, so that a timeout kills torchrun and every rank.
+                # A session of its own: a group to signal, out of reach of the terminal.
                 process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                            cwd=self.settings.checkout,
                                            start_new_session=True,
@@ -155,10 +157,9 @@ class LocalLauncher:
                 timed_out = True
             finally:
                 if process.returncode is None:
-                    # Timed out, Ctrl-C or an error in the search: the trial must not train
-                    # on, unwatched.
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+                    # Timed out, Ctrl-C or an error in the search: the trial, ranks and
+                    # all, must not train on, unwatched.
+                    stop_process_tree(process, self.stop_grace_s)
         return TrialLog(text=trial.log_path.read_text(errors="replace"),
                         returncode=process.returncode, timed_out=timed_out)
 

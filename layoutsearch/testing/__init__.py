@@ -100,6 +100,22 @@ def launches(workdir: str | Path) -> list[str]:
     return path.read_text().splitlines() if path.is_file() else []
 
 
+def running_trials(workdir: str | Path) -> list[int]:
+    """Pids of the fake's processes still running for `workdir`: torchrun, its rank and
+    what they started, found by the environment they inherit (Linux /proc; empty
+    elsewhere). A zombie shows no environment: it holds nothing."""
+    launches_file = Path(workdir).resolve() / LAUNCHES_FILE
+    marker = f"LAYOUTSEARCH_FAKE_LAUNCHES={launches_file}\0".encode()
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in environ.read_bytes():
+                pids.append(int(environ.parent.name))
+        except OSError:  # gone, or not ours
+            continue
+    return pids
+
+
 __all__ = [
     "FAILURE_KINDS",
     "FAKE_MEGATRON_PATH",
@@ -109,4 +125,5 @@ __all__ = [
     "fake_measured_model",
     "fake_megatron_settings",
     "launches",
+    "running_trials",
 ]

@@ -2,9 +2,9 @@
 
 The real torchrun starts `nproc_per_node` processes per node; the fake starts one (the
 last rank, the one that prints Megatron-LM's iteration lines) with WORLD_SIZE set to the
-whole job, and reports a failed child the way torchrun's elastic agent does: an error line,
-its ChildFailedError summary (the signal's name when the rank died of one) and exit
-status 1.
+whole job, in a session of its own as torchrun starts each rank, and reports a failed child
+the way torchrun's elastic agent does: an error line, its ChildFailedError summary (the
+signal's name when the rank died of one) and exit status 1.
 
     python -m layoutsearch.testing.fake_torchrun --nproc_per_node 8 --nnodes 1 script.py ...
 """
@@ -80,7 +80,10 @@ def main(argv: list[str]) -> int:
         print(f"{sys.executable}: can't open file {args.script!r}: [Errno 2] No such file or "
               "directory", flush=True)
         return 2
-    rank = subprocess.Popen([sys.executable, args.script, *args.script_args], env=env)
+    # As torchrun (SubprocessHandler._popen, torch/distributed/elastic/multiprocessing/
+    # subprocess_handler): a rank outlives a signal to torchrun's own process group.
+    rank = subprocess.Popen([sys.executable, args.script, *args.script_args], env=env,
+                            start_new_session=True)
     received: list[int] = []
 
     def stop(signum: int, frame: object) -> None:

@@ -27,6 +27,7 @@ from layoutsearch.testing import (
     fake_measured_model,
     fake_megatron_settings,
     launches,
+    running_trials,
 )
 
 JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
@@ -78,22 +79,9 @@ layoutsearch.search(cost_model=model, model="llama_13b", num_gpus=64, seq_length
 """
 
 
-def trial_processes(workdir) -> list[int]:
-    """Pids of fake Megatron-LM processes launched for `workdir` (read from /proc)."""
-    marker = f"LAYOUTSEARCH_FAKE_LAUNCHES={workdir}".encode()
-    pids = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if marker in environ.read_bytes():
-                pids.append(int(environ.parent.name))
-        except OSError:  # gone, or not ours
-            continue
-    return pids
-
-
 def wait_until_no_trial_runs(workdir, seconds: float = 10.0) -> list[int]:
     deadline = time.time() + seconds
-    while (running := trial_processes(workdir)) and time.time() < deadline:
+    while (running := running_trials(workdir)) and time.time() < deadline:
         time.sleep(0.05)
     return running
 
@@ -150,7 +138,7 @@ except KeyboardInterrupt:
 def test_ctrl_c_stops_the_trial_in_flight(tmp_path):
     process = subprocess.Popen([sys.executable, "-c", INTERRUPTED, str(tmp_path)])
     wait_for_lines(tmp_path / "launches.txt", 1, process)
-    assert trial_processes(tmp_path), "the hanging trial should be running"
+    assert running_trials(tmp_path), "the hanging trial should be running"
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=30) == 130
     assert wait_until_no_trial_runs(tmp_path) == []
