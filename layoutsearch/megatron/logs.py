@@ -6,7 +6,9 @@ versions): the last rank prints one line per logged iteration,
      [2025-09-05 16:08:25] iteration        2/    2000 | consumed samples:          256 |
      elapsed time per iteration (ms): 11182.0 | throughput per GPU (TFLOP/s/GPU): 128.2 | ...
 
-(older versions: no timestamp, no throughput), and each data-parallel rank 0 prints once
+(older versions: no timestamp, no throughput; the second number is --train-iters, so the
+line of the last iteration says the run trained to its end), and each data-parallel rank 0
+prints once
 
     [Rank 0] (after 1 iterations) memory (MB) | allocated: 26222.7 | max allocated: 63359.8 |
     reserved: 66802.0 | max reserved: 66802.0
@@ -18,12 +20,12 @@ versions): the last rank prints one line per logged iteration,
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 ITERATION = re.compile(
-    r"iteration\s+(?P<iteration>\d+)\s*/\s*\d+\s*\|.*?"
+    r"iteration\s+(?P<iteration>\d+)\s*/\s*(?P<total>\d+)\s*\|.*?"
     r"elapsed time per iteration \(ms\):\s*(?P<ms>[\d.]+)"
     r"(?:.*?throughput per GPU \(TFLOP/s/GPU\):\s*(?P<tflops>[\d.]+))?"
 )
@@ -91,7 +93,8 @@ class LogResult:
     iterations: int = 0
     """Logged iterations found (warm-up included)."""
     message: str = ""
-    """One line on why it failed ("" when ok)."""
+    """One line on why it failed; for an ok run, what went wrong after its last iteration
+    ("" when nothing did)."""
     excerpt: str = ""
     """The lines around the failure, kept for the user."""
     setup_problem: bool = False
@@ -128,13 +131,14 @@ def parse_log(text: str, *, warmup_iters: int = 3, returncode: int | None = 0,
               timed_out: bool = False) -> LogResult:
     """The status and figures of one trial from its combined stdout and stderr."""
     lines = text.splitlines()
+    logged = [m for m in map(ITERATION.search, lines) if m]
     iterations = [(int(m["iteration"]), float(m["ms"]),
-                   float(m["tflops"]) if m["tflops"] else np.nan)
-                  for m in map(ITERATION.search, lines) if m]
+                   float(m["tflops"]) if m["tflops"] else np.nan) for m in logged]
     # Every rank that reports prints at once: two reports may share one line.
     memory = [float(m["max_allocated"]) for line in lines for m in MEMORY.finditer(line)]
     peak = max(memory) / 1024.0 if memory else float("nan")
     found = len(iterations)
+    finished = bool(logged) and int(logged[-1]["iteration"]) == int(logged[-1]["total"])
     failed = returncode not in (0, None) or not iterations
     # An out-of-memory line counts only in a run that did not finish: NCCL warns "Cuda
     # failure 'out of memory'" and carries on, and a run that exits 0 trained.
@@ -144,6 +148,14 @@ def parse_log(text: str, *, warmup_iters: int = 3, returncode: int | None = 0,
         line = lines[oom_at].strip()
         return LogResult(status="oom", peak_memory_gib=peak, iterations=found,
                          message=line[:300], excerpt=_excerpt(lines, oom_at))
+    if finished and (failed or timed_out):
+        # It trained to its last iteration, then hung or died on the way out (a teardown
+        # that never returns after "[after training is done]", NVIDIA-NeMo/Megatron-Bridge
+        # #3427; NCCL's abort at exit, "terminate called after throwing an instance of
+        # 'c10::DistBackendError'"): every figure is in, and the exit is no fault of the
+        # layout.
+        return _after_the_last_iteration(
+            _trained(iterations, warmup_iters, peak), lines, returncode, timed_out)
     refused_at = _first(lines, KERNEL_REFUSED)
     if failed and refused_at is not None:
         line = lines[refused_at].strip()
@@ -163,6 +175,25 @@ def parse_log(text: str, *, warmup_iters: int = 3, returncode: int | None = 0,
             f"exit status {returncode}" if returncode else "no iteration was logged")
         return LogResult(status="error", peak_memory_gib=peak, iterations=found,
                          message=why[:300], excerpt=_excerpt(lines, at))
+    return _trained(iterations, warmup_iters, peak)
+
+
+def _after_the_last_iteration(result: LogResult, lines: list[str], returncode: int | None,
+                              timed_out: bool) -> LogResult:
+    """`result`, an ok run's, with what went wrong once it had logged its last iteration."""
+    at = _last_failure_line(lines)
+    said = f": {lines[at].strip()}" if at is not None else ""
+    if timed_out:
+        what = "then did not exit and was killed at the time limit"
+    else:
+        what = f"then exited with status {returncode}{said}"
+    return replace(result, message=f"every iteration was logged, {what}"[:300],
+                   excerpt=_excerpt(lines, at))
+
+
+def _trained(iterations: list[tuple[int, float, float]], warmup_iters: int,
+             peak: float) -> LogResult:
+    """The figures of a run that logged `iterations` (number, ms, TFLOP/s per GPU)."""
     # Drop the warm-up iterations (the first logged lines average allocator, NCCL and
     # kernel-autotuning start-up in); keep at least the last one. Megatron-LM logs a fresh
     # process's iteration 1 without resetting its interval timer (training_log's
@@ -177,5 +208,5 @@ def parse_log(text: str, *, warmup_iters: int = 3, returncode: int | None = 0,
         step_time_s=float(times.mean()),
         tflops_per_gpu=float(np.nanmean(tflops)) if np.isfinite(tflops).any() else float("nan"),
         peak_memory_gib=peak,
-        iterations=found,
+        iterations=len(iterations),
     )

@@ -221,3 +221,41 @@ def test_a_missing_module_after_training_started_is_the_runs_own_error():
     text = CURRENT.splitlines()[1] + "\nModuleNotFoundError: No module named 'torch._dynamo.x'\n"
     result = parse_log(text, returncode=1)
     assert result.status == "error" and not result.setup_problem
+
+
+# A run that trained to its end, then did not exit cleanly.
+AFTER_TRAINING = "[after training is done] datetime: 2025-09-05 16:09:08 \n"
+TEARDOWN_ABORT = """\
+terminate called after throwing an instance of 'c10::DistBackendError'
+  what():  [PG ID 0 PG GUID 0(default_pg) Rank 0] Process group watchdog thread terminated with exception: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5
+Exception raised from checkForNCCLErrorsInternal at /opt/pytorch/pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:275 (most recent call first):
+frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f1c2e96c446 in /usr/local/lib/python3.10/dist-packages/torch/lib/libc10.so)
+"""
+
+
+def test_a_run_that_hangs_after_its_last_iteration_keeps_its_figures():
+    # NVIDIA-NeMo/Megatron-Bridge#3427: "iteration 50/50", "[after training is done]", and
+    # the processes never exit.
+    result = parse_log(CURRENT + AFTER_TRAINING, warmup_iters=3, returncode=-9,
+                       timed_out=True)
+    assert result.status == "ok" and result.iterations == 6
+    assert result.step_time_s == pytest.approx((10.0 + 10.2 + 10.4) / 3)
+    assert result.peak_memory_gib == pytest.approx(65536.0 / 1024)
+    assert "killed at the time limit" in result.message
+
+
+def test_a_run_that_aborts_at_exit_after_its_last_iteration_keeps_its_figures():
+    result = parse_log(CURRENT + AFTER_TRAINING + TEARDOWN_ABORT, warmup_iters=3,
+                       returncode=134)
+    assert result.status == "ok"
+    assert result.tflops_per_gpu == pytest.approx((140.0 + 138.0 + 136.0) / 3)
+    assert result.message.startswith("every iteration was logged, then exited with status 134")
+    assert "NCCL error" in result.message and "c10::DistBackendError" in result.excerpt
+
+
+def test_a_run_killed_before_its_last_iteration_is_still_a_timeout():
+    unfinished = "\n".join(CURRENT.splitlines()[:7])  # iterations 1 to 4 of 6
+    result = parse_log(unfinished, returncode=-9, timed_out=True)
+    assert result.status == "timeout" and result.iterations == 4
+    crashed = parse_log(unfinished + "\n" + TEARDOWN_ABORT, returncode=134)
+    assert crashed.status == "error" and "NCCL error" in crashed.message
