@@ -420,10 +420,10 @@ class MeasuredCostModel:
         if result.setup_problem:
             raise LayoutSearchError(
                 f"cost_models=measured stopped: {name} failed before training, as every "
-                f"layout would: {result.message} (log {log_path}). Check python, torchrun "
-                f"and megatron_path (cost_models/megatron.yaml); nothing was recorded for it, "
-                f"the measurements already in {self.file.path} are kept, and the same "
-                "command resumes from them")
+                f"layout would: {result.message} (log {log_path}). Check python, torchrun, "
+                f"megatron_path and extra_args (cost_models/megatron.yaml); nothing was "
+                f"recorded for it, the measurements already in {self.file.path} are kept, "
+                "and the same command resumes from them")
         measured = _result_row(row, result, clusters, self.launcher.name, log_path)
         self.file.append(measured)
         figure = (f", {result.step_time_s:.2f} s per step" if result.status == "ok"

@@ -67,11 +67,15 @@ SETUP_FAILURE = re.compile(
     r"Error while finding module specification for 'torch|"
     r"can't open file .*pretrain_gpt\.py|"
     r"No such file or directory: '(?:scontrol|srun|sbatch)'|"
-    r"command not found"
+    r"command not found|"
+    r"\w+\.py: error: "
 )
 """A launch that failed before training in a way every layout would: no torch or Megatron-LM
-for the configured Python, no training script, no Slurm tools where the job ran. Not a
-measurement of the layout (the measured cost model stops instead of recording it)."""
+for the configured Python, no training script, no Slurm tools where the job ran, a flag the
+training script refuses (Megatron-LM's parse_args is argparse's: "pretrain_gpt.py: error:
+unrecognized arguments: --foo", "... error: argument --bar: invalid int value: 'x'", exit
+status 2). Not a measurement of the layout (the measured cost model stops instead of
+recording it)."""
 GENERIC_FAILURE = re.compile(r"Traceback \(most recent call last\)|ChildFailedError")
 """Lines that only say that something went wrong (used when nothing more specific is)."""
 EXCERPT_LINES = 30

@@ -548,6 +548,22 @@ def test_extra_args_that_break_every_command_stop_the_search(tmp_path, driver):
     assert launches(tmp_path) == [] and not (tmp_path / "m.csv").exists()
 
 
+def test_a_flag_megatron_does_not_know_stops_the_search_after_one_launch(tmp_path):
+    # Passed on unchecked, a misspelt flag is refused by Megatron-LM's argparse for every
+    # layout: one launch says so, and no layout is recorded as an error.
+    settings = fake_megatron_settings(tmp_path).replace(
+        extra_args=("--no-gradient-acumulation-fusion",))
+    model = MeasuredCostModel(settings=settings, measurements=tmp_path / "m.csv",
+                              prescreen=build_cost_model("analytic"), top_k=2)
+    with pytest.raises(layoutsearch.LayoutSearchError,
+                       match=r"failed before training, as every layout would: pretrain_gpt.py: "
+                             r"error: unrecognized arguments: --no-gradient-acumulation-fusion "
+                             r"\(log .*\)\. Check python, torchrun, megatron_path and "
+                             r"extra_args"):
+        layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert len(launches(tmp_path)) == 1 and not (tmp_path / "m.csv").exists()
+
+
 def test_two_jobs_sharing_a_layout_keep_a_log_each(tmp_path):
     layout = dict(tp=1, pp=1, micro_batch_size=1, attention="flash2", recompute="none")
     for vocab_size in (32000, 128000):  # the same name, sizes and layout; another model

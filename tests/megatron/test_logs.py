@@ -211,6 +211,9 @@ def test_the_line_after_iteration_1_averages_it_in_and_is_dropped():
     "file or directory",
     "FileNotFoundError: [Errno 2] No such file or directory: 'scontrol'",
     "bash: line 1: torchrun: command not found",
+    # Megatron-LM's parse_args (argparse) refusing a flag, on every rank.
+    "pretrain_gpt.py: error: unrecognized arguments: --no-gradient-acumulation-fusion",
+    "[rank0]: pretrain_gpt.py: error: argument --seed: invalid int value: 'x'",
 ])
 def test_a_launch_that_fails_before_training_for_every_layout_is_a_setup_problem(line):
     result = parse_log(f"{line}\n", returncode=1)

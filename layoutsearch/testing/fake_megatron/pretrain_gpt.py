@@ -1,6 +1,7 @@
 """A fake Megatron-LM `pretrain_gpt.py`: real-format logs priced by the analytic model.
 
-It parses the argv layoutsearch emits (Megatron-LM's own rules applied first), prices the
+It parses the argv layoutsearch emits (Megatron-LM's own rules applied first; a flag it does
+not know is refused as Megatron-LM's argparse refuses it, with exit status 2), prices the
 layout with the analytic cost model and prints what Megatron-LM prints: iteration lines
 with elapsed time and TFLOP/s per GPU, the memory report, or PyTorch's OOM traceback when
 the layout does not fit. Failures are injected by environment variable (see
@@ -12,23 +13,40 @@ fake torchrun passes in LAYOUTSEARCH_FAKE_LAUNCH_NUMBER.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import resource
 import signal
 import sys
 import time
+from typing import Any
 
 import pandas as pd
 
 from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs.analytic import AnalyticCostModel
 from layoutsearch.megatron.inverse import row_of_argv
-from layoutsearch.megatron.validation import validate_argv
+from layoutsearch.megatron.validation import argument_parser, validate_argv
 from layoutsearch.specs import ModelSpec
 
 WARMUP_SLOWDOWN = (3.0, 1.4, 1.1)
 """The first iterations run slower (allocator, NCCL set-up, autotuning), as real runs do."""
+OTHER_MEGATRON_FLAGS: dict[str, dict[str, Any]] = {
+    # megatron/training/arguments.py: flags a user's extra_args may carry.
+    "--seed": {"type": int},  # _add_initialization_args
+    "--no-gradient-accumulation-fusion": {"action": "store_false",  # _add_training_args
+                                          "dest": "gradient_accumulation_fusion"},
+    "--manual-gc": {"action": "store_true"},  # _add_training_args
+    # Defined there, then refused or ignored by validate_args (validation.DEPRECATED_FLAGS).
+    "--checkpoint-activations": {"action": "store_true"},
+    "--batch-size": {"type": int},
+    "--model-parallel-size": {"type": int},
+    "--warmup": {"type": int},
+    "--use-flash-attn": {"action": "store_true"},
+    "--use-rotary-position-embeddings": {"action": "store_true"},
+}
+"""Megatron-LM flags the fake accepts besides those layoutsearch emits: any other is refused."""
 
 
 def _injected(number: int) -> str:
@@ -72,7 +90,21 @@ def _fail(kind: str) -> None:
         os.kill(os.getpid(), signal.SIGSEGV)
 
 
+def _megatron_parser() -> argparse.ArgumentParser:
+    """Megatron-LM's argument parser as far as the fake knows it (parse_args in
+    megatron/training/arguments.py: argparse, allow_abbrev=False): the flags layoutsearch
+    emits and OTHER_MEGATRON_FLAGS."""
+    parser = argparse.ArgumentParser(prog="pretrain_gpt.py", allow_abbrev=False,
+                                     parents=[argument_parser()])
+    for flag, options in OTHER_MEGATRON_FLAGS.items():
+        parser.add_argument(flag, **options)
+    return parser
+
+
 def main(argv: list[str]) -> None:
+    # As Megatron-LM on every rank: "pretrain_gpt.py: error: unrecognized arguments: --foo"
+    # (or "argument --bar: invalid int value: 'x'"), then exit status 2.
+    _megatron_parser().parse_args(argv)
     env = dict(os.environ)
     world = int(env.get("WORLD_SIZE", "1"))
     number = int(env.get("LAYOUTSEARCH_FAKE_LAUNCH_NUMBER", "0"))
