@@ -11,13 +11,14 @@ in the file is never launched again. With a `prescreen` model (the analytic one)
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import math
 import os
 import re
 import sys
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,9 @@ from layoutsearch.megatron.logs import LogResult, parse_log
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.paths import unwritable_file
 from layoutsearch.specs import ClusterSpec
+
+if sys.platform != "win32":  # where there is no flock, `import layoutsearch` still works
+    import fcntl
 
 FILE_COLUMNS = (
     *REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS, "peak_memory_gib", "tflops_per_gpu",
@@ -107,10 +111,27 @@ class MeasurementFile:
         records = [{str(k): v for k, v in r.items()} for r in rows.to_dict("records")]
         return {measurement_key(r): r for r in records}
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold an exclusive lock beside the file: local optuna workers and concurrent
+        sweeps append to one file, and a Parquet append rewrites it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if sys.platform == "win32":  # unlocked: no flock, and no local workers fork there
+            yield
+            return
+        with open(self.path.with_name(f".{self.path.name}.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
     def append(self, row: Mapping[str, Any]) -> None:
+        with self._locked():
+            self._append(row)
+
+    def _append(self, row: Mapping[str, Any]) -> None:
         empty = not self.path.is_file() or self.path.stat().st_size == 0
-        if empty:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
         if is_parquet(self.path):
             self._append_parquet(row, empty)
             return
@@ -165,7 +186,7 @@ class MeasurementFile:
     def _replace(self, write: Callable[[Any], None], binary: bool = False) -> None:
         """The file written anew by `write(handle)` into a temporary beside it, then moved
         over it: a kill midway leaves the old file whole."""
-        temporary = self.path.with_name(f".{self.path.name}.tmp")
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         with temporary.open("wb" if binary else "w", newline=None if binary else "") as handle:
             write(handle)
             _sync(handle)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -16,9 +17,9 @@ import pytest
 
 import layoutsearch
 from layoutsearch.costs import build_cost_model
-from layoutsearch.costs.measured import MeasuredCostModel
+from layoutsearch.costs.measured import MeasuredCostModel, MeasurementFile
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
-from layoutsearch.measurements import read_measurements
+from layoutsearch.measurements import OPTIONAL_DEFAULTS, read_measurements
 from layoutsearch.megatron import parse_log
 from layoutsearch.megatron.launchers import build_launcher
 from layoutsearch.testing import (
@@ -420,6 +421,36 @@ def test_a_parquet_measurement_file_is_appended_to_as_parquet(tmp_path, measurem
     layoutsearch.search(cost_model=fake_measured_model(tmp_path, top_k=1, measurements=fresh),
                         **SMALL_JOB)
     assert len(pd.read_parquet(fresh)) == 1
+
+
+WRITERS, ROWS_EACH = 4, 10
+
+
+def _append_rows(path: Path, writer: int, row: dict, start) -> None:
+    start.wait()  # every writer at once, so that their appends overlap
+    file = MeasurementFile(path)
+    for i in range(ROWS_EACH):
+        file.append({**row, "message": f"writer {writer} row {i}"})
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock and fork are Unix's")
+@pytest.mark.parametrize("name", ["runs.parquet", "runs.csv"])
+def test_processes_appending_to_one_file_at_once_lose_no_row(tmp_path, measurement_row, name):
+    # Local optuna workers and concurrent sweeps append to one file: a Parquet append
+    # rewrites the file, and a new CSV is given its header by whichever append is first.
+    path, row = tmp_path / name, {**OPTIONAL_DEFAULTS, **measurement_row}
+    context = multiprocessing.get_context("fork")
+    start = context.Barrier(WRITERS)
+    writers = [context.Process(target=_append_rows, args=(path, w, row, start))
+               for w in range(WRITERS)]
+    for process in writers:
+        process.start()
+    for process in writers:
+        process.join()
+    assert [p.exitcode for p in writers] == [0] * WRITERS
+    rows = read_measurements(path)
+    assert sorted(rows["message"]) == sorted(
+        f"writer {w} row {i}" for w in range(WRITERS) for i in range(ROWS_EACH))
 
 
 def test_the_fingerprint_is_the_same_for_the_same_settings_so_a_study_resumes(tmp_path):
