@@ -637,6 +637,27 @@ def test_an_optuna_search_spends_its_trials_on_launches_only(tmp_path):
     assert (ranked["attention"] == "flash2").all()
 
 
+def test_local_optuna_workers_are_refused_a_measured_search_on_one_nodes_gpus(tmp_path):
+    # Each would launch a trial at once on the same GPUs and port: a row of contention.
+    driver = {"name": "optuna", "n_trials": 2, "n_workers": 2, "seed": 0, "progress": False,
+              "storage": f"sqlite:///{tmp_path / 'study.db'}"}
+    model = fake_measured_model(tmp_path, top_k=1)
+    with pytest.raises(layoutsearch.LayoutSearchError,
+                       match=r"^driver.n_workers=2: with cost_models=measured and the local "
+                             r"launcher, the workers would train 2 layouts at once .* use "
+                             r"driver.n_workers=1, or cost_models.launcher=slurm"):
+        layoutsearch.search(cost_model=model, driver=driver, **SMALL_JOB)
+    assert launches(tmp_path) == []
+    layoutsearch.search(cost_model=model, driver={**driver, "n_workers": 1}, **SMALL_JOB)
+    assert model.launched == 2
+    # Workers that launch nothing here (a dry run writes scripts) share no GPU.
+    dry = fake_measured_model(tmp_path / "dry", top_k=1)
+    dry.launcher = build_launcher(dry.settings.replace(launcher="dry_run"))
+    ranked = layoutsearch.search(cost_model=dry, **SMALL_JOB, driver={
+        **driver, "storage": f"sqlite:///{tmp_path / 'dry.db'}"})
+    assert len(ranked) == 2 and ranked["reason"].str.contains("dry run: wrote").all()
+
+
 def test_retry_relaunches_a_stored_optuna_studys_failures(tmp_path):
     # The study stores each trial's price; with retry the recorded failure must be launched
     # again, not reused from the study, and a retry that fails again is not looped on.
