@@ -397,6 +397,13 @@ class MeasuredCostModel:
                 reasons.loc[i] = refusal
             else:
                 chosen.append(i)
+        if known and prior is not None:
+            # A layout the file holds is priced from its row even when the prescreen
+            # predicts it does not fit: the run it records says what happened.
+            for i in candidates.index.difference(ordered, sort=False):
+                if self._recorded(known, {str(k): v for k, v in candidates.loc[i].items()}):
+                    chosen.append(i)
+                    reasons.loc[i] = ""
         return chosen, prior
 
     def unpriced(self, candidates: pd.DataFrame,

@@ -183,6 +183,25 @@ def test_unpriced_names_the_layouts_it_would_not_launch_and_launches_nothing(
     assert model.launched == 0
 
 
+def test_a_recorded_layout_the_prescreen_predicts_does_not_fit_is_priced_from_the_file(
+        tmp_path, candidate, step_time_for):
+    # The run the file records says what happened; the prescreen only picks what to launch.
+    too_big = candidate("llama_65b", tp=1, pp=1, num_gpus=8, global_batch_size=64).iloc[0]
+    layout = {k: too_big[k] for k in LAYOUT_COLUMNS if k != "dp"}
+    job = dict(model="llama_65b", num_gpus=8, seq_length=2048, global_batch_size=64,
+               search_space="default", **layout)
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
+        predicted = layoutsearch.search(**job)
+    assert len(predicted) == 1 and predicted["peak_memory_gib"].iloc[0] > 80
+    recorded = {**too_big.to_dict(), "gpus_per_node": 8, "status": "ok", "mfu": 0.31}
+    model = fake_measured_model(tmp_path, top_k=1)
+    model.file.append({**recorded, "step_time_s": step_time_for(recorded, 0.31)})
+    ranked = layoutsearch.search(cost_model=model, **job)
+    assert bool(ranked["fits"].iloc[0]) and ranked["reason"].iloc[0] == ""
+    assert ranked["mfu"].iloc[0] == pytest.approx(0.31)
+    assert model.launched == 0 and launches(tmp_path) == []
+
+
 def test_an_attention_switch_inherited_from_the_shell_cannot_stop_the_run(
         tmp_path, monkeypatch):
     # Ranks inherit the search's environment (on Slurm, the submitting shell's): with
