@@ -165,6 +165,41 @@ def test_a_setup_mistake_stops_the_study_and_a_rerun_after_the_fix_prices_the_la
     assert not ranked["reason"].str.contains("megatron_path").any()
 
 
+class InterruptedOnce(CountingModel):
+    """Ctrl-C while its first layout is priced, as in a notebook cell."""
+
+    interrupt = True
+
+    def score(self, candidates: pd.DataFrame,
+              clusters: Mapping[str, ClusterSpec]) -> pd.DataFrame:
+        if self.interrupt:
+            self.interrupt = False
+            with self.log.open("a") as handle:
+                handle.writelines(label(row) + "\n" for _, row in candidates.iterrows())
+            raise KeyboardInterrupt
+        return super().score(candidates, clusters)
+
+
+def test_ctrl_c_fails_the_trial_in_flight_so_a_search_in_the_same_process_prices_it(
+        tmp_path: Path) -> None:
+    # Left running, its worker (this process) alive, the trial kept the layout "being
+    # evaluated" for every later search of the notebook.
+    model = InterruptedOnce(tmp_path / "priced.txt")
+    space = SearchSpace.load("paper").pin(**{**SPACE, "tp": [1, 2], "pp": [1],
+                                             "micro_batch_size": [1], "attention": ["flash2"]})
+    url = f"sqlite:///{tmp_path}/study.db"
+    driver = OptunaDriver(n_trials=None, storage=url, progress=False)  # every open layout
+    with pytest.raises(KeyboardInterrupt):
+        driver.run(make_problem(model, space=space))
+    interrupted, = model.priced()
+    name, = optuna.get_all_study_names(url)
+    assert [t.state for t in optuna.load_study(study_name=name, storage=url).trials] == [
+        TrialState.FAIL]
+    ranked = driver.run(make_problem(model, space=space))
+    assert interrupted in list(ranked.apply(label, axis=1))
+    assert model.priced().count(interrupted) == 2
+
+
 def test_warm_start_tries_the_analytic_top_k_first(counting: CountingModel) -> None:
     problem = make_problem(counting)
     grid = search(**JOB, search_space=problem.space)

@@ -158,9 +158,10 @@ class Worker:
                     with self.heartbeat(trial):
                         try:
                             state, values = self.answer(trial)
-                        except LayoutSearchError:
-                            # Stopped, not priced: failed without an "error", the trial is
-                            # no evaluation, so a rerun after the fix prices the layout.
+                        except (LayoutSearchError, KeyboardInterrupt):
+                            # Stopped, not priced (a setup mistake, Ctrl-C): failed without
+                            # an "error", the trial is no evaluation, so a rerun (in this
+                            # process too: a notebook) prices the layout.
                             self.study.tell(trial, state=TrialState.FAIL)
                             raise
                     self.study.tell(trial, values, state=state)
