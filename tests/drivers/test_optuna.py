@@ -340,6 +340,26 @@ def test_a_study_resumes_from_its_storage(tmp_path: Path, counting: CountingMode
     assert len(counting.priced()) == len(set(counting.priced())) == 25
 
 
+def test_a_sweep_over_sampler_settings_gets_a_default_named_study_per_job(
+        tmp_path: Path, counting: CountingModel) -> None:
+    # `-m driver.sampler=tpe,random` (or driver.seed=0,1) on one storage: each job had
+    # reported the first job's trials as its own.
+    url = f"sqlite:///{tmp_path}/study.db"
+    problem = make_problem(counting)
+
+    def study(**sampling: Any) -> str:
+        driver = OptunaDriver(n_trials=3, storage=url, progress=False, **sampling)
+        return str(driver.run(problem).attrs["study_name"])
+
+    tpe = study()
+    assert len({tpe, study(sampler="random"), study(seed=1)}) == 3
+    assert len(counting.priced()) == 9  # each study priced its own three
+    assert study() == tpe and len(counting.priced()) == 9  # the same command resumes
+    assert len(optuna.get_all_study_names(url)) == 3
+    # A study named explicitly resumes under other sampler settings.
+    assert study(study_name="mine") == study(study_name="mine", sampler="random") == "mine"
+
+
 def test_a_resumed_studys_progress_counts_from_what_it_already_priced(
         tmp_path: Path, counting: CountingModel, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path}/study.db"

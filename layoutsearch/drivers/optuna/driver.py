@@ -94,8 +94,9 @@ class OptunaDriver:
     storage: str | None = None
     """optuna storage URL or journal file; None keeps the study in memory."""
     study_name: str | None = None
-    """Defaults to a name derived from the job, space, objectives and cost model, so
-    rerunning the same command against the same storage resumes the study."""
+    """Defaults to a name derived from the job, space, objectives, cost model and sampler
+    settings (`default_study_name`), so rerunning the same command against the same storage
+    resumes the study."""
     n_workers: int = 1
     """Local worker processes sharing the study (needs a storage)."""
     warm_start: str | None = None
@@ -171,8 +172,7 @@ class OptunaDriver:
                    worker: int = 0) -> optuna.Study:
         """Create the study in `storage`, or load it and check it was made for this search."""
         fingerprint = self.fingerprint(problem)
-        digest = hashlib.sha1(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
-        name = self.study_name or f"layoutsearch-{digest[:12]}"
+        name = self.study_name or self.default_study_name(fingerprint)
         try:
             study = optuna.create_study(
                 storage=storage, study_name=name, sampler=self._sampler(worker),
@@ -203,6 +203,18 @@ class OptunaDriver:
                 + "; use another driver.study_name or driver.storage"
             )
         return study
+
+    def default_study_name(self, fingerprint: Mapping[str, Any]) -> str:
+        """`layoutsearch-<digest>` of what the study is made for and how it samples: the
+        same command resumes its study, and a sweep over the sampler's settings
+        (`-m driver.sampler=tpe,random`, `driver.seed=0,1,2`) gets a study per job instead
+        of the first job's trials. The sampler is no part of the fingerprint, so a study
+        named with `study_name` may be resumed with other sampler settings."""
+        sampling = {"sampler": self.sampler, "seed": self.seed,
+                    "n_startup_trials": self.n_startup_trials,
+                    "multivariate": self.multivariate}
+        made = json.dumps({**fingerprint, "sampling": sampling}, sort_keys=True)
+        return f"layoutsearch-{hashlib.sha1(made.encode()).hexdigest()[:12]}"
 
     def _sampler(self, worker: int) -> optuna.samplers.BaseSampler:
         seed = None if self.seed is None else self.seed + worker
