@@ -124,7 +124,8 @@ class AnalyticCostModel:
 
 PACKED_PEAK_TENTHS = 2**38
 """Peaks below this many tenths of a GiB (27 billion GiB) pack with a limit below 2**24
-tenths into one int64 key; an absurd size (a 2**53 vocabulary) takes the slower path."""
+tenths into one int64 key; an absurd size (a 2**53 vocabulary, an infinite peak) takes the
+slower path."""
 
 
 def _memory_reasons(peak_gib: Array, limit_gib: Array, fits: Array) -> Array:
@@ -137,13 +138,14 @@ def _memory_reasons(peak_gib: Array, limit_gib: Array, fits: Array) -> Array:
     if fits.all():
         return reasons
     over = ~fits
-    pairs = np.round(np.stack([peak_gib[over], limit_gib[over]], axis=1) * 10).astype(np.int64)
-    if pairs[:, 0].max() < PACKED_PEAK_TENTHS:
+    tenths = np.round(np.stack([peak_gib[over], limit_gib[over]], axis=1) * 10)
+    if np.all(tenths[:, 0] < PACKED_PEAK_TENTHS):  # False for a NaN peak too
         # One integer key per pair of tenths of a GiB: a 1-D unique is an order faster.
+        pairs = tenths.astype(np.int64)
         keys, inverse = np.unique(pairs[:, 0] * 2**24 + pairs[:, 1], return_inverse=True)
         distinct = np.stack([keys // 2**24, keys % 2**24], axis=1)
     else:
-        distinct, inverse = np.unique(pairs, axis=0, return_inverse=True)
+        distinct, inverse = np.unique(tenths, axis=0, return_inverse=True)
     texts = np.array([f"needs {peak / 10:.1f} GiB > {limit / 10:.1f} GiB per GPU"
                       for peak, limit in distinct], dtype=object)
     reasons[over] = texts[inverse.ravel()]

@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import layoutsearch
 from layoutsearch.catalog import cluster_names, clusters_by_gpu, load_cluster
-from layoutsearch.costs import build_cost_model
+from layoutsearch.costs import analytic, build_cost_model
 from layoutsearch.costs.base import PREDICTION_COLUMNS
 from layoutsearch.costs.constants import AnalyticConstants, load_constants
 from layoutsearch.costs.shapes import Shapes
@@ -37,12 +38,25 @@ def test_scores_carry_the_prediction_columns_and_reasons() -> None:
     assert rows.loc[rows["fits"], "cost_reason"].eq("").all()
 
 
-def test_an_absurd_size_still_reports_the_memory_it_needs() -> None:
-    # A 2**53 vocabulary needs ~4e11 GiB per GPU: past the packed key of (peak, limit).
-    row = score(model_fields={"vocab_size": 2**53}).iloc[0]
+@pytest.mark.parametrize("model_fields", [
+    {"vocab_size": 2**53},
+    {"hidden_size": 40 * 2**35, "ffn_hidden_size": 2**40},
+])
+def test_an_absurd_size_still_reports_the_memory_it_needs(model_fields: dict[str, int]) -> None:
+    # A 2**53 vocabulary needs ~4e11 GiB per GPU, past the packed key of (peak, limit); a
+    # hidden size of 40 x 2**35 ~2e18 GiB, past what an int64 of tenths holds.
+    row = score(model_fields=model_fields).iloc[0]
     needs = float(row["cost_reason"].split()[1])
     assert needs == pytest.approx(row["peak_memory_gib"], rel=1e-9)
     assert row["cost_reason"].endswith("GiB > 80.0 GiB per GPU")
+
+
+def test_memory_reasons_name_a_peak_that_is_not_finite() -> None:
+    reasons = analytic._memory_reasons(np.array([np.inf, 90.04, np.nan]), np.full(3, 80.0),
+                                       np.array([False, False, False]))
+    assert list(reasons) == ["needs inf GiB > 80.0 GiB per GPU",
+                             "needs 90.0 GiB > 80.0 GiB per GPU",
+                             "needs nan GiB > 80.0 GiB per GPU"]
 
 
 def test_hopper_is_faster_than_ampere_and_h200_fits_more() -> None:
