@@ -457,7 +457,20 @@ def _append_rows(path: Path, writer: int, row: dict, start) -> None:
 def test_processes_appending_to_one_file_at_once_lose_no_row(tmp_path, measurement_row, name):
     # Local optuna workers and concurrent sweeps append to one file: a Parquet append
     # rewrites the file, and a new CSV is given its header by whichever append is first.
-    path, row = tmp_path / name, {**OPTIONAL_DEFAULTS, **measurement_row}
+    _append_at_once(tmp_path / name, {**OPTIONAL_DEFAULTS, **measurement_row})
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock and fork are Unix's")
+def test_a_folder_that_takes_no_lock_file_is_locked_itself(tmp_path, measurement_row):
+    # A writable measurement file in a read-only folder takes appends, but no lock file
+    # beside it; a directory in the lock file's place stands in for that folder (root, who
+    # runs some test machines, writes into a read-only folder anyway).
+    (tmp_path / ".runs.csv.lock").mkdir()
+    _append_at_once(tmp_path / "runs.csv", {**OPTIONAL_DEFAULTS, **measurement_row})
+
+
+def _append_at_once(path: Path, row: dict) -> None:
+    """WRITERS processes append ROWS_EACH rows each at once; every row must be read back."""
     context = multiprocessing.get_context("fork")
     start = context.Barrier(WRITERS)
     writers = [context.Process(target=_append_rows, args=(path, w, row, start))
