@@ -408,21 +408,29 @@ class MeasuredCostModel:
                    top_k: int | None) -> tuple[list[Any], pd.DataFrame | None]:
         """The rows to price, best first — recorded in the file, or launched — and the
         prescreen's scores (None without one). Layouts that are not launched are passed over
-        with their reason, so that the `top_k` rows all measure what was asked."""
+        with their reason, so that the `top_k` rows all measure what was asked; a layout
+        the file records is priced from it wherever it ranks, launching nothing."""
         ordered, prior = self._prescreened(candidates, clusters, reasons)
         beyond = (f"not measured: beyond top_k={top_k}" if self.prescreen is None
                   else f"not measured: outside the {self.prescreen.name} top-{top_k}")
         chosen: list[Any] = []
+        taken = 0  # rows of the top_k window: the best `top_k` that can be priced
         for i in ordered:
-            if top_k is not None and len(chosen) >= top_k:
-                reasons.loc[i] = beyond
-                continue
             row = {str(k): v for k, v in candidates.loc[i].items()}
-            refusal = "" if self._recorded(known, row) else self._refusal(row, clusters)
+            recorded = self._recorded(known, row)
+            if top_k is not None and taken >= top_k:
+                # Beyond the window only what the file records is priced (from its row).
+                if recorded:
+                    chosen.append(i)
+                else:
+                    reasons.loc[i] = beyond
+                continue
+            refusal = "" if recorded else self._refusal(row, clusters)
             if refusal:
                 reasons.loc[i] = refusal
             else:
                 chosen.append(i)
+                taken += 1
         if known and prior is not None:
             # A layout the file holds is priced from its row even when the prescreen
             # predicts it does not fit: the run it records says what happened.

@@ -153,8 +153,10 @@ def test_measured_model_conforms_and_never_launches_what_megatron_cannot_run(tmp
     capped = fake_measured_model(tmp_path, prescreen=None, top_k=1)
     table = conformance_candidates(limit=3)
     reasons = capped.score(table, layoutsearch.catalog.clusters_by_gpu())["cost_reason"]
-    assert list(reasons.iloc[1:]) == ["not measured: beyond top_k=1"] * 2
-    assert capped.launched == 0  # the first row is in the file already
+    # Rows 0 and 1 were measured above: priced from the file wherever they rank; row 2,
+    # beyond the top_k window, is not launched.
+    assert list(reasons.iloc[1:]) == ["", "not measured: beyond top_k=1"]
+    assert capped.launched == 0
     flash1 = table.iloc[:1].assign(attention="flash1")
     scored = capped.score(flash1, layoutsearch.catalog.clusters_by_gpu())
     assert scored["cost_reason"].iloc[0].startswith("not measured: flash1 cannot be selected")
@@ -200,6 +202,20 @@ def test_a_recorded_layout_the_prescreen_predicts_does_not_fit_is_priced_from_th
     assert bool(ranked["fits"].iloc[0]) and ranked["reason"].iloc[0] == ""
     assert ranked["mfu"].iloc[0] == pytest.approx(0.31)
     assert model.launched == 0 and launches(tmp_path) == []
+
+
+def test_recorded_layouts_beyond_top_k_are_priced_from_the_file(tmp_path, step_time_for):
+    # top_k caps what is launched and measured now; the file's runs all count, so the best
+    # of them is not hidden because the prescreen ranked it lower.
+    clusters = layoutsearch.catalog.clusters_by_gpu()
+    table = conformance_candidates(limit=3)
+    model = fake_measured_model(tmp_path, top_k=1)
+    for (_, row), mfu in zip(table.iterrows(), (0.2, 0.3, 0.4), strict=True):
+        recorded = {**row.to_dict(), "gpus_per_node": 8, "status": "ok", "mfu": mfu}
+        model.file.append({**recorded, "step_time_s": step_time_for(recorded, mfu)})
+    scored = model.score(table, clusters)
+    assert sorted(scored["mfu"].round(3)) == [0.2, 0.3, 0.4]
+    assert scored["cost_reason"].eq("").all() and model.launched == 0
 
 
 def test_an_attention_switch_inherited_from_the_shell_cannot_stop_the_run(
