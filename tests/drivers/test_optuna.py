@@ -8,6 +8,8 @@ every search well under a second with the analytic model.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import re
 import signal
@@ -358,6 +360,25 @@ def test_a_sweep_over_sampler_settings_gets_a_default_named_study_per_job(
     assert len(optuna.get_all_study_names(url)) == 3
     # A study named explicitly resumes under other sampler settings.
     assert study(study_name="mine") == study(study_name="mine", sampler="random") == "mine"
+
+
+def test_a_study_under_the_earlier_default_name_is_resumed_and_said_so(
+        tmp_path: Path, counting: CountingModel, capsys: pytest.CaptureFixture[str]) -> None:
+    # Before the sampler settings were part of the default name, it was the digest of the
+    # fingerprint alone: a search begun then resumes instead of starting over.
+    url = f"sqlite:///{tmp_path}/study.db"
+    problem = make_problem(counting)
+    fingerprint = OptunaDriver(n_trials=3).fingerprint(problem)
+    earlier = "layoutsearch-" + hashlib.sha1(
+        json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:12]
+    OptunaDriver(n_trials=3, storage=url, study_name=earlier, progress=False).run(problem)
+    capsys.readouterr()
+    ranked = OptunaDriver(n_trials=3, storage=url, progress=False).run(problem)
+    assert ranked.attrs["study_name"] == earlier and len(counting.priced()) == 3
+    assert f"resuming study {earlier!r}" in capsys.readouterr().err
+    # Where no such study is, the default name is the new one.
+    fresh = OptunaDriver(n_trials=3, storage=f"sqlite:///{tmp_path}/fresh.db", progress=False)
+    assert fresh.run(problem).attrs["study_name"] == fresh.default_study_name(fingerprint)
 
 
 def test_a_resumed_studys_progress_counts_from_what_it_already_priced(

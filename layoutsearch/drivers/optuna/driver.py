@@ -172,7 +172,7 @@ class OptunaDriver:
                    worker: int = 0) -> optuna.Study:
         """Create the study in `storage`, or load it and check it was made for this search."""
         fingerprint = self.fingerprint(problem)
-        name = self.study_name or self.default_study_name(fingerprint)
+        name = self.study_name or self._default_or_earlier_name(fingerprint, storage)
         try:
             study = optuna.create_study(
                 storage=storage, study_name=name, sampler=self._sampler(worker),
@@ -215,6 +215,23 @@ class OptunaDriver:
                     "multivariate": self.multivariate}
         made = json.dumps({**fingerprint, "sampling": sampling}, sort_keys=True)
         return f"layoutsearch-{hashlib.sha1(made.encode()).hexdigest()[:12]}"
+
+    def _default_or_earlier_name(self, fingerprint: Mapping[str, Any],
+                                 storage: BaseStorage) -> str:
+        """The default study name; or, where `storage` holds no study of that name but one
+        of the name layoutsearch gave this search before the sampler settings were part of
+        it (the fingerprint's digest alone), that study, said on stderr, so a search begun
+        before the change resumes instead of starting over."""
+        name = self.default_study_name(fingerprint)
+        earlier = "layoutsearch-" + hashlib.sha1(
+            json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:12]
+        names = {study.study_name for study in storage.get_all_studies()}
+        if name in names or earlier not in names:
+            return name
+        print(f"resuming study {earlier!r}, named before the default study name included "
+              f"the sampler settings (driver.study_name={earlier} names it explicitly)",
+              file=sys.stderr)
+        return earlier
 
     def _sampler(self, worker: int) -> optuna.samplers.BaseSampler:
         seed = None if self.seed is None else self.seed + worker
