@@ -38,6 +38,13 @@ def test_published_dimensions() -> None:
     assert clusters_by_gpu()["a100_80gb"] == a100
 
 
+@pytest.mark.parametrize(("cluster", "mib"), [
+    ("a100_40gb", 40536), ("a100_80gb", 81920), ("h100_sxm", 81559), ("h200", 143771)])
+def test_gpu_memory_is_what_the_driver_reports(cluster: str, mib: int) -> None:
+    # nvidia-smi's total per GPU, MiB (the catalog rounds to 0.1 GiB), not the datasheet GB.
+    assert load_cluster(cluster).gpu.memory_gib == pytest.approx(mib / 1024, abs=0.05)
+
+
 def test_unknown_names_list_valid_names_and_the_closest() -> None:
     with pytest.raises(LayoutSearchError) as error:
         load_model("llama13b")
