@@ -94,6 +94,18 @@ def _flash_head_dim_limit(t: Frame) -> pd.Series:
     return limits.astype(float).fillna(np.inf)
 
 
+FLASH_HEAD_DIM_MULTIPLE = 8
+"""Transformer Engine turns FlashAttention off for a head dimension that is not a multiple
+of 8 (dot_product_attention/utils.py, get_attention_backend), and with
+--attention-backend flash no other backend is left: the run fails."""
+
+
+def _flash_head_dim_refused(t: Frame) -> pd.Series:
+    flash = t["attention"].isin(("flash1", "flash2", "flash3"))
+    return (_head_dim(t) > _flash_head_dim_limit(t)) | (
+        flash & (_head_dim(t) % FLASH_HEAD_DIM_MULTIPLE != 0))
+
+
 def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
     """The rules, bound to the GPU facts they need (FlashAttention 3 needs Hopper)."""
     hopper = {name for name, c in clusters.items() if c.gpu.supports_flash3}
@@ -127,7 +139,9 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
             "interleaving_even_stages",
             lambda t: ((t["vp"] > 1) & (t["num_layers"] % (t["pp"] * t["vp"]) != 0)).to_numpy(),
             lambda t: "interleaving needs num_layers (" + _text(t["num_layers"])
-            + ") to divide by pp·vp (" + _text(t["pp"] * t["vp"]) + ")",
+            + ") to divide by pp·vp (" + _text(t["pp"] * t["vp"]) + "): layoutsearch's "
+            "commands interleave equal stages only (Megatron-LM's uneven interleaving, "
+            "--num-virtual-stages-per-pipeline-rank, is not emitted)",
             ('num_layers', 'pp', 'vp'),
         ),
         Rule(
@@ -159,12 +173,11 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
             "query_groups_per_tp",
             lambda t: ((t["num_attention_heads"] % t["tp"] == 0)
                        & (t["num_query_groups"] % t["tp"] != 0)).to_numpy(),
-            # Megatron-LM also runs tp a multiple of the groups, each TP rank holding a copy
-            # of one group's K and V; the cost models split K and V over TP ranks and do
-            # not price those copies, so such layouts are not ranked.
+            # Megatron-LM's Attention splits the K/V groups over the TP ranks:
+            # divide(num_query_groups, tensor-parallel world size) asserts it.
             lambda t: "num_query_groups (" + _text(t["num_query_groups"])
-            + ") must divide by tp (" + _text(t["tp"]) + "): the cost models do not price "
-            "K/V heads copied over TP ranks",
+            + ") must divide by tp (" + _text(t["tp"]) + "): Megatron-LM splits the K/V "
+            "groups over the TP ranks",
             ('num_query_groups', 'tp'),
         ),
         Rule(
@@ -202,10 +215,10 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
         FUSED_SOFTMAX_SHAPE,
         Rule(
             "flash_head_dim",
-            lambda t: (_head_dim(t) > _flash_head_dim_limit(t)).to_numpy(),
+            lambda t: _flash_head_dim_refused(t).to_numpy(),
             lambda t: _text(t["attention"]) + " supports head dimensions up to "
-            + _flash_head_dim_limit(t).astype(int).astype(str) + ", the model has "
-            + _text(_head_dim(t)),
+            + _flash_head_dim_limit(t).astype(int).astype(str) + " that are multiples of "
+            + str(FLASH_HEAD_DIM_MULTIPLE) + ", the model has " + _text(_head_dim(t)),
             ('attention', 'hidden_size', 'num_attention_heads'),
         ),
         Rule(

@@ -62,12 +62,20 @@ CASES: list[tuple[str, str | ModelSpec, dict[str, Any], str, dict[str, Any]]] = 
      "sequence parallelism needs seq_length/cp (2050) to divide by tp (4)",
      {"seq_length": 2050, "tp": 2, "sequence_parallel": True}),
     ("query_groups_per_tp", "llama3_8b", {"num_gpus": 64, "tp": 16},
-     "num_query_groups (8) must divide by tp (16)", {"num_gpus": 64, "tp": 8}),
+     "num_query_groups (8) must divide by tp (16): Megatron-LM splits the K/V groups over the "
+     "TP ranks", {"num_gpus": 64, "tp": 8}),
     ("flash_head_dim",
      ModelSpec(name="wide_heads", num_layers=4, hidden_size=4096, ffn_hidden_size=11008,
                num_attention_heads=16, vocab_size=32000),
-     {"attention": "flash1"}, "flash1 supports head dimensions up to 128, the model has 256",
+     {"attention": "flash1"},
+     "flash1 supports head dimensions up to 128 that are multiples of 8, the model has 256",
      {"attention": "flash2"}),
+    ("flash_head_dim",  # Transformer Engine turns FlashAttention off for head dim 100
+     ModelSpec(name="odd_heads", num_layers=4, hidden_size=3200, ffn_hidden_size=8640,
+               num_attention_heads=32, vocab_size=32000),
+     {"attention": "flash2"},
+     "flash2 supports head dimensions up to 256 that are multiples of 8, the model has 100",
+     {"attention": "fused"}),
     ("context_parallel_chunks", "llama_13b", {"seq_length": 2050, "cp": 2},
      "seq_length (2050) must divide by 2·cp (4)", {"seq_length": 2048, "cp": 2}),
     ("context_parallel_needs_flash", "llama_13b", {"cp": 2, "attention": "torch"},
@@ -103,7 +111,9 @@ def test_reasons_of_several_rules_are_joined(candidate: Any) -> None:
     text = reason(candidate("llama_30b", tp=8, pp=16, vp=2))
     assert text.split("; ") == [
         "tp·pp·cp (128) must divide num_gpus (64)",
-        "interleaving needs num_layers (60) to divide by pp·vp (32)",
+        "interleaving needs num_layers (60) to divide by pp·vp (32): layoutsearch's commands "
+        "interleave equal stages only (Megatron-LM's uneven interleaving, "
+        "--num-virtual-stages-per-pipeline-rank, is not emitted)",
         "num_attention_heads (52) must divide by tp (8)",
     ]
 
