@@ -23,6 +23,8 @@ from layoutsearch.errors import LayoutSearchError
 
 NORMALIZATIONS = ("RMSNorm", "LayerNorm")
 POSITION_EMBEDDINGS = ("rope", "learned_absolute")
+ROTARY_BASE = 10000
+"""RoPE's base θ unless a model says otherwise (Su et al. 2021; Megatron-LM's default)."""
 COMMAND_FIELDS = ("add_bias_linear", "position_embedding_type", "max_position_embeddings",
                   "rotary_base", "rope_scaling_factor")
 """ModelSpec fields outside the measurement schema that change the Megatron-LM command: they
@@ -116,7 +118,7 @@ class ModelSpec:
     max_position_embeddings: int = 2048
     """Rows of the learned position table; unused with rope, whose commands pass
     max(seq_length, this) because Megatron-LM's validate_args asks for at least seq_length."""
-    rotary_base: int = 10000
+    rotary_base: int = ROTARY_BASE
     """RoPE base θ (Su et al. 2021: 10,000; Llama 3 trains with 500,000); Megatron-LM's
     `--rotary-base`. It changes no FLOP or byte, but a command with the wrong base trains
     another model."""
@@ -141,6 +143,11 @@ class ModelSpec:
                     f"{owner}.rope_scaling_factor={self.rope_scaling_factor!r}: scales RoPE, "
                     f"but position_embedding_type is {self.position_embedding_type!r}; set it "
                     "to null or use rope")
+        if self.rotary_base != ROTARY_BASE and self.position_embedding_type != "rope":
+            raise LayoutSearchError(
+                f"{owner}.rotary_base={self.rotary_base!r}: is RoPE's base, but "
+                f"position_embedding_type is {self.position_embedding_type!r}, whose commands "
+                f"pass no --rotary-base; leave it at {ROTARY_BASE} or use rope")
         for name in ("swiglu", "untie_embeddings", "add_bias_linear"):
             _require_bool(owner, name, getattr(self, name))
         if self.hidden_size % self.num_attention_heads:

@@ -103,6 +103,9 @@ def test_model_rejects_bad_shapes() -> None:
     with pytest.raises(LayoutSearchError, match=r"rope_scaling_factor=8.0: scales RoPE, but "
                        r"position_embedding_type is 'learned_absolute'"):
         _tiny(rope_scaling_factor=8.0, position_embedding_type="learned_absolute")
+    with pytest.raises(LayoutSearchError, match=r"rotary_base=500000: is RoPE's base, but "
+                       r"position_embedding_type is 'learned_absolute'"):
+        _tiny(rotary_base=500000, position_embedding_type="learned_absolute")
     with pytest.raises(LayoutSearchError, match=r"normalization='BatchNorm'"):
         _tiny(normalization="BatchNorm")
 

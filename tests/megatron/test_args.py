@@ -73,7 +73,7 @@ def test_rope_base_is_the_models():
     assert llama31.use_rope_scaling and llama31.rope_scaling_factor == 8.0
     learned = dataclasses.replace(
         job, model=job.model.replace(position_embedding_type="learned_absolute",
-                                     max_position_embeddings=8192))
+                                     max_position_embeddings=8192, rotary_base=10000))
     assert "--rotary-base" not in build_command(Layout(tp=1, dp=8), learned).argv
 
 
