@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from layoutsearch.layout import uses_transformer_engine
 from layoutsearch.specs import ClusterSpec
 
 Frame = pd.DataFrame
@@ -63,29 +64,60 @@ def _attention_batches(t: Frame | Mapping[str, Any]) -> Any:
     return t["micro_batch_size"] * (t["num_attention_heads"] // t["tp"])
 
 
-def fused_softmax_takes(t: Frame | Mapping[str, Any]) -> Any:
-    """Megatron's FusedScaleMaskSoftmax.is_kernel_available: 16 < sk <= 4096, sq and sk
-    multiples of 4, and (micro-batch x heads per TP rank) a multiple of the kernel's batches
-    per block. Per row of a candidate table; one numpy bool for one row's mapping of plain
-    integers (a single command is checked without building a table: ~3 ms each, 1,000 per
-    search)."""
-    s = _seq_per_rank(t)
+def _te_softmax(t: Frame | Mapping[str, Any]) -> Any:
+    """Whether a `fused` layout's command runs Transformer Engine's layers, and so its
+    softmax kernel, not Megatron-LM's (layout.uses_transformer_engine)."""
+    return uses_transformer_engine(False, t["rmsnorm_kernel"], t["sequence_parallel"], t["tp"])
+
+
+def _megatron_softmax_takes(s: Any, batches: Any) -> Any:
+    # Megatron's FusedScaleMaskSoftmax.is_kernel_available (megatron/core/fusions/
+    # fused_softmax.py): 16 < sk <= 4096, sq and sk multiples of 4, and micro-batch x heads
+    # per TP rank a multiple of the kernel's batches per block.
     return ((s > 16) & (s <= 4096) & (s % 4 == 0)
-            & (_attention_batches(t) % _softmax_batches_per_block(s) == 0))
+            & (batches % _softmax_batches_per_block(s) == 0))
+
+
+def _te_softmax_takes(s: Any, batches: Any) -> Any:
+    # Transformer Engine's FusedScaleMaskSoftmax.is_kernel_available (pytorch/attention/
+    # dot_product_attention/softmax.py): 16 < sk < 16384, sk a multiple of 8, micro-batch x
+    # heads per TP rank a multiple of 4, and sq (= sk here) of the batches per block.
+    return ((s > 16) & (s < 16384) & (s % 8 == 0) & (batches % 4 == 0)
+            & (s % _softmax_batches_per_block(s) == 0))
+
+
+def fused_softmax_takes(t: Frame | Mapping[str, Any]) -> Any:
+    """Whether the fused softmax kernel the layout's command runs takes its scores:
+    Transformer Engine's or Megatron-LM's, whose limits differ. Per row of a candidate
+    table; one numpy bool for one row's mapping of plain values (a single command is checked
+    without building a table: ~3 ms each, 1,000 per search)."""
+    s, batches = _seq_per_rank(t), _attention_batches(t)
+    return np.where(_te_softmax(t), _te_softmax_takes(s, batches),
+                    _megatron_softmax_takes(s, batches))
+
+
+def _fused_softmax_refusal(t: Frame) -> pd.Series:
+    s, batches = _seq_per_rank(t), _attention_batches(t)
+    per_block = _text(pd.Series(_softmax_batches_per_block(s), index=t.index))
+    te = ("Transformer Engine's fused softmax kernel unavailable: needs 16 < seq_length/cp ("
+          + _text(s) + ") < 16384, a multiple of 8 and of " + per_block
+          + ", and micro_batch_size·heads/tp (" + _text(batches) + ") divisible by 4")
+    megatron = ("fused softmax kernel unavailable: needs 16 < seq_length/cp (" + _text(s)
+                + ") <= 4096, a multiple of 4, and micro_batch_size·heads/tp ("
+                + _text(batches) + ") divisible by " + per_block)
+    return pd.Series(np.where(_te_softmax(t), te, megatron), index=t.index)
 
 
 FUSED_SOFTMAX_SHAPE = Rule(
     "fused_softmax_shape",
     lambda t: ((t["attention"] == "fused") & ~fused_softmax_takes(t)).to_numpy(),
-    lambda t: "fused softmax kernel unavailable: needs 16 < seq_length/cp ("
-    + _text(_seq_per_rank(t)) + ") <= 4096, a multiple of 4, and "
-    "micro_batch_size·heads/tp (" + _text(_attention_batches(t)) + ") divisible by "
-    + _text(pd.Series(_softmax_batches_per_block(_seq_per_rank(t)), index=t.index)),
-    ('seq_length', 'cp', 'micro_batch_size', 'num_attention_heads', 'tp'),
+    _fused_softmax_refusal,
+    ('seq_length', 'cp', 'micro_batch_size', 'num_attention_heads', 'tp', 'rmsnorm_kernel',
+     'sequence_parallel'),
 )
-"""Where Megatron-LM's fused softmax kernel takes the attention scores; elsewhere its
-FusedScaleMaskSoftmax silently runs PyTorch's softmax, so a `fused` layout would measure
-`torch` attention."""
+"""Where the fused softmax kernel takes the attention scores; elsewhere FusedScaleMaskSoftmax
+(Megatron-LM's, or Transformer Engine's where the command runs TE's layers) silently runs
+PyTorch's softmax, so a `fused` layout would measure `torch` attention."""
 
 
 def _flash_head_dim_limit(t: Frame) -> pd.Series:

@@ -47,6 +47,14 @@ CASES: list[tuple[str, str | ModelSpec, dict[str, Any], str, dict[str, Any]]] = 
      {"seq_length": 128, "tp": 2, "micro_batch_size": 2, "attention": "fused"}),
     ("fused_softmax_long_sequence", "llama_13b", {"seq_length": 8192, "attention": "fused"},
      "needs 16 < seq_length/cp (8192) <= 4096", {"seq_length": 4096, "attention": "fused"}),
+    # With the RMSNorm kernel the command runs Transformer Engine's layers and its softmax
+    # kernel, whose limits differ: sk a multiple of 8, up to 16k (softmax.py).
+    ("fused_softmax_transformer_engine", "llama_13b",
+     {"seq_length": 2052, "attention": "fused", "rmsnorm_kernel": True},
+     "Transformer Engine's fused softmax kernel unavailable: needs 16 < seq_length/cp (2052) "
+     "< 16384, a multiple of 8",
+     {"seq_length": 8192, "global_batch_size": 512, "attention": "fused",
+      "rmsnorm_kernel": True}),
     ("flash3_needs_hopper", "llama_13b", {"attention": "flash3"},
      "flash3 needs a Hopper GPU (h100_sxm, h200), not a100_80gb",
      {"attention": "flash3", "cluster": "h100_sxm"}),

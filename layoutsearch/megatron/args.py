@@ -240,7 +240,7 @@ def _fused_softmax_fallback(layout: Layout, job: Job) -> list[str]:
     if layout.attention != "fused" or fused_softmax_takes(row):
         return []
     reason = FUSED_SOFTMAX_SHAPE.explain(pd.DataFrame([row])).iloc[0]
-    return [f"{reason}: Megatron-LM's FusedScaleMaskSoftmax runs PyTorch's softmax instead, "
+    return [f"{reason}: FusedScaleMaskSoftmax runs PyTorch's softmax instead, "
             "so the run would measure torch attention"]
 
 
