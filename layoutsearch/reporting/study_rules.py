@@ -49,7 +49,8 @@ def _versus(best: pd.Series, other: pd.Series | None, what: str) -> str:
 
 
 def _model_parallel(row: pd.Series) -> int:
-    return int(row["tp"]) * int(row["pp"])
+    """GPUs one model replica spans: context parallelism splits it too."""
+    return int(row["tp"]) * int(row["pp"]) * int(row.get("cp", 1))
 
 
 def _verdicts(ranked: pd.DataFrame, job: Job, best: pd.Series,
@@ -72,9 +73,9 @@ def _verdicts(ranked: pd.DataFrame, job: Job, best: pd.Series,
     out.append(RuleVerdict(rule="prefer model parallelism over checkpointing",
                            follows=recompute == "none", detail=detail))
     size = _model_parallel(best)
-    detail = f"tp·pp={size}"
+    detail = f"tp·pp·cp={size}"
     if paper is not None and least is not None and size > least:
-        detail += f", but tp·pp={least} fits; the rules' layout: {compare(best, paper)}"
+        detail += f", but tp·pp·cp={least} fits; the rules' layout: {compare(best, paper)}"
     out.append(RuleVerdict(rule="the least model parallelism that fits",
                            follows=None if least is None else size <= least, detail=detail))
     deeper = ranked[same_except(ranked, best, ("tp", "pp", "dp"))
@@ -106,8 +107,8 @@ def _verdicts(ranked: pd.DataFrame, job: Job, best: pd.Series,
         out.append(RuleVerdict(
             rule="raise the micro-batch only when model parallelism cannot shrink",
             follows=None if least is None else size <= least,
-            detail=f"mb={mb} at tp·pp={size}"
-            + ("" if least is None or size <= least else f" although tp·pp={least} fits"),
+            detail=f"mb={mb} at tp·pp·cp={size}"
+            + ("" if least is None or size <= least else f" although tp·pp·cp={least} fits"),
         ))
     return out
 

@@ -66,3 +66,17 @@ def test_why_rejected_covers_each_varied_knob(ranked: pd.DataFrame) -> None:
     assert titles == ["model parallelism (tp, pp)", "micro-batch size",
                       "activation recomputation", "attention kernel", "RMSNorm kernel",
                       "sequence parallelism"]
+
+
+def test_context_parallelism_counts_as_model_parallelism(ranked: pd.DataFrame) -> None:
+    # A replica spans tp·pp·cp GPUs: a tp1 pp1 layout with cp 2 on top spans twice the
+    # rules' pick (tp1 pp1, cp 1).
+    fitting = ranked["fits"].astype(bool) & (ranked["tp"] == 1) & (ranked["pp"] == 1)
+    idx = ranked.index[fitting][1]
+    with_cp = ranked.assign(cp=1)
+    with_cp.loc[idx, "cp"] = 2
+    check = check_study_rules(pd.concat([with_cp.loc[[idx]], with_cp.drop(index=idx)]),
+                              job_of(ranked, "test"))
+    assert check is not None and check.paper is not None and check.paper.name != idx
+    verdict = {v.rule: v for v in check.verdicts}["the least model parallelism that fits"]
+    assert verdict.follows is False and verdict.detail.startswith("tp·pp·cp=2, but tp·pp·cp=1")
