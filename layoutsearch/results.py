@@ -30,6 +30,12 @@ TIGHT_HEADROOM_GIB = 5.0
 runs every wrong fit call of the shipped analytic model lay within 5 GiB of the limit."""
 
 
+def priced_a_sample(ranked: pd.DataFrame) -> bool:
+    """Whether `ranked` holds fewer layouts than its search space (a sampling driver, paper
+    or optuna, returns the rows it priced): "no layout ..." then speaks for those rows only."""
+    return len(ranked) < int(ranked.attrs.get("space_size", len(ranked)))
+
+
 def headroom_note(ranked: pd.DataFrame) -> str:
     """A warning when the best layout fits with less than TIGHT_HEADROOM_GIB to spare, naming
     the best layout with more room and what it costs; "" otherwise."""
@@ -42,13 +48,20 @@ def headroom_note(ranked: pd.DataFrame) -> str:
             f"wrong fit call on the study's runs lay within {TIGHT_HEADROOM_GIB:.0f} GiB of "
             f"the limit, so it may run out of memory.")
     roomy = ranked[ranked["fits"].astype(bool) & (ranked["headroom_gib"] >= TIGHT_HEADROOM_GIB)]
+    sample = priced_a_sample(ranked)
     if roomy.empty:
+        if sample:
+            return (f"{note} Of the layouts this driver priced ({len(ranked)}), none that "
+                    f"fits leaves {TIGHT_HEADROOM_GIB:.0f} GiB; driver=grid prices every "
+                    "layout.")
         return f"{note} No layout that fits leaves {TIGHT_HEADROOM_GIB:.0f} GiB."
     safer = roomy.iloc[0]
     layout = Layout.from_row({str(k): v for k, v in safer.items()}).describe()
     gap = 100 * (best["mfu"] - safer["mfu"])
-    return (f"{note} The best with at least {TIGHT_HEADROOM_GIB:.0f} GiB free: {layout}, MFU "
-            f"{safer['mfu']:.3f} ({gap:.1f} points lower, {safer['headroom_gib']:.1f} GiB free).")
+    among = " this driver priced" if sample else ""
+    return (f"{note} The best{among} with at least {TIGHT_HEADROOM_GIB:.0f} GiB free: {layout}, "
+            f"MFU {safer['mfu']:.3f} ({gap:.1f} points lower, {safer['headroom_gib']:.1f} GiB "
+            "free).")
 
 
 COMMAND_REJECTED = "Megatron-LM would reject its command with the settings' extra flags: "

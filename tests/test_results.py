@@ -203,6 +203,20 @@ def test_no_headroom_note_with_room_or_without_a_memory_estimate() -> None:
     assert headroom_note(tight).endswith("No layout that fits leaves 5 GiB.")
 
 
+def test_the_headroom_note_of_a_sampling_driver_speaks_for_the_rows_it_priced() -> None:
+    # driver=paper or optuna returns the layouts it priced: "no layout leaves 5 GiB" would
+    # speak for the whole space, where the grid may find one.
+    tight = rank(scored([{"tp": 1, "mfu": 0.6, "fits": True, "headroom_gib": 1.0}]))
+    tight.attrs["space_size"] = 2240
+    assert headroom_note(tight).endswith(
+        "Of the layouts this driver priced (1), none that fits leaves 5 GiB; driver=grid "
+        "prices every layout.")
+    tight = rank(scored([{"tp": 1, "mfu": 0.6, "fits": True, "headroom_gib": 1.0},
+                         {"tp": 2, "mfu": 0.5, "fits": True, "headroom_gib": 9.0}]))
+    tight.attrs["space_size"] = 2240
+    assert "The best this driver priced with at least 5 GiB free: tp2" in headroom_note(tight)
+
+
 def test_runners_up_within_5_percent_are_a_close_call() -> None:
     ranked = rank(scored([
         {"tp": 1, "mfu": 0.600, "fits": True},

@@ -16,6 +16,7 @@ import pandas as pd
 
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
+from layoutsearch.results import priced_a_sample
 
 TIME_NAMES = {
     "gemm": "matrix multiplies",
@@ -90,7 +91,11 @@ def compare(winner: pd.Series, other: pd.Series, *, top: int = 2) -> str:
     """Why `other` lost to `winner`: its MFU gap and the step-time components behind it."""
     require_ranking(other, "compare(other)", ("fits", "reason"))
     if not bool(other["fits"]):
-        return f"{label(other)} does not fit: {other['reason'] or 'no reason given'}"
+        # No MFU: the layout breaks a rule or the cost model has no figures for it (a
+        # replay's unmeasured layout); it was not priced, which is not "does not fit".
+        unpriced = "mfu" in other.index and pd.isna(other["mfu"])
+        verdict = "was not priced" if unpriced else "does not fit"
+        return f"{label(other)} {verdict}: {other['reason'] or 'no reason given'}"
     for row, name in ((winner, "winner"), (other, "other")):
         require_ranking(row, f"compare({name})", ("mfu", "step_time_s"))
     gap = 100 * (float(winner["mfu"]) - float(other["mfu"]))
@@ -178,7 +183,8 @@ def why_rejected(ranked: pd.DataFrame) -> list[str]:
             parts.append("best layout with another value: " + compare(winner, feasible.iloc[0]))
         elif feasible.empty:
             reasons = rivals["reason"].fillna("").replace("", "not priced").value_counts()
-            parts.append("no layout with another value fits — " + "; ".join(
+            among = " this driver priced" if priced_a_sample(ranked) else ""
+            parts.append(f"no layout{among} with another value fits — " + "; ".join(
                 f"{reason} ({count} layouts)" for reason, count in reasons.head(2).items()))
         lines.append(f"**{title}**: " + "; ".join(parts))
     return lines

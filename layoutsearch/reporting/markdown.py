@@ -176,8 +176,10 @@ def write_report(ranked: pd.DataFrame, out_dir: Path, *, top_k: int = TOP_K) -> 
               f"![MFU against peak memory]({paths[MFU_VS_MEMORY].name})", "",
               f"![best MFU per tp and pp]({paths[TP_PP_HEATMAP].name})", ""]
     if check is not None:
+        alternatives = why_rejected(ranked) or [
+            "every axis of the search space has one value: there is no alternative to compare"]
         lines += ["## Why the main alternatives lost", "",
-                  *[f"- {line}" for line in why_rejected(ranked)], ""]
+                  *[f"- {line}" for line in alternatives], ""]
     lines += _rules_section(check)
     path = out_dir / REPORT_FILE
     path.write_text("\n".join(lines))

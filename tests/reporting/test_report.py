@@ -90,6 +90,26 @@ def test_report_of_a_paper_driver_result(tmp_path: Path) -> None:
     paper = layoutsearch.search(driver="paper", **JOB)
     text = layoutsearch.report(paper, tmp_path).read_text()
     assert "The study's rules pick the best layout" in text
+    # It priced two layouts: what it says of "no layout" is said of those.
+    assert "no layout this driver priced with another value fits" in text
+    assert "no layout with another value fits" not in text
+
+
+def test_a_layout_without_figures_was_not_priced_rather_than_too_big(ranked) -> None:
+    unpriced = ranked[ranked["mfu"].isna()].iloc[0]
+    assert compare(ranked.iloc[0], unpriced) == (
+        f"{label(unpriced)} was not priced: {unpriced['reason']}")
+    too_big = ranked[ranked["mfu"].notna() & ~ranked["fits"]].iloc[0]
+    assert compare(ranked.iloc[0], too_big).startswith(f"{label(too_big)} does not fit: needs ")
+
+
+def test_a_ranking_of_one_layout_says_there_is_no_alternative(tmp_path: Path) -> None:
+    one = layoutsearch.search(**JOB, tp=[1], pp=[1], micro_batch_size=[1], attention=["flash2"],
+                              rmsnorm_kernel=[True], recompute=["none"])
+    assert len(one) == 1
+    text = layoutsearch.report(one, tmp_path).read_text()
+    assert ("## Why the main alternatives lost\n\n- every axis of the search space has one "
+            "value: there is no alternative to compare") in text
 
 
 def test_report_without_a_job_is_a_user_error(ranked: pd.DataFrame, tmp_path: Path) -> None:
