@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from layoutsearch.costs.base import MEASURED_FAILURE, UNMEASURED
+from layoutsearch.costs.timing import stays_in_node
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.specs import Job
@@ -245,7 +246,13 @@ def fabric_note(ranked: pd.DataFrame, network_efficiency: float,
     best = ranked.iloc[0]
     if int(best["num_gpus"]) <= int(best["gpus_per_node"]):
         return ""  # one node: its traffic stays on NVLink
-    network = sum(float(best.get(c, np.nan)) for c in ("time_dp_comm_s", "time_pp_comm_s"))
+    # The pipeline paces at its hop across a node boundary; data-parallel groups cross
+    # nodes only when their ranks (dp·cp of them, tp apart) do not fit in one.
+    crossing = ["time_pp_comm_s"]
+    if not stays_in_node(int(best["dp"]) * int(best.get("cp", 1)), int(best["tp"]),
+                         int(best["gpus_per_node"]), int(best["num_gpus"])):
+        crossing.append("time_dp_comm_s")
+    network = sum(float(best.get(c, np.nan)) for c in crossing)
     step = float(best["step_time_s"])
     if not network >= NETWORK_SHARE * step:  # also NaN: no breakdown to judge by
         return ""

@@ -287,10 +287,10 @@ def test_long_context_mfu_is_read_by_both_conventions() -> None:
     assert mfu_convention_note(ranked.assign(mfu=0.5), short) == ""
 
 
-def _best(network_s: float, num_gpus: int = 64) -> pd.DataFrame:
+def _best(network_s: float, num_gpus: int = 64, dp: int = 64) -> pd.DataFrame:
     return pd.DataFrame({"fits": [True], "step_time_s": [20.0], "time_dp_comm_s": [network_s],
                          "time_pp_comm_s": [0.0], "gpu": ["a100_80gb"], "num_gpus": [num_gpus],
-                         "gpus_per_node": [8]})
+                         "gpus_per_node": [8], "tp": [1], "cp": [1], "dp": [dp]})
 
 
 def test_a_slow_fabric_is_named_when_its_traffic_matters() -> None:
@@ -302,6 +302,8 @@ def test_a_slow_fabric_is_named_when_its_traffic_matters() -> None:
     assert fabric_note(_best(3.0), 0.8, lambda: "x") == ""            # a fabric at nccl-tests' rate
     assert fabric_note(_best(0.5), 0.053, lambda: "x") == ""          # 2.5 % of the step
     assert fabric_note(_best(3.0, num_gpus=8), 0.053, lambda: "x") == ""  # one node: NVLink only
+    # 16 GPUs in two pipeline stages of dp 8: each data-parallel group is one node's NVLink.
+    assert fabric_note(_best(3.0, num_gpus=16, dp=8), 0.053, lambda: "x") == ""
 
 
 def test_a_footprint_of_model_state_alone_gets_no_activation_advice() -> None:

@@ -17,6 +17,7 @@ per kernel below. Left out: the embedding lookup, RoPE tables and attention-mask
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -72,6 +73,13 @@ def _link_bandwidth(sh: Shapes, k: Mapping[str, Array], inside_nodes: Array,
                     network * k["network_efficiency"])
 
 
+def stays_in_node(size: Any, stride: Any, gpus_per_node: Any, num_gpus: Any) -> Any:
+    """Whether the groups of `size` ranks `stride` apart stay inside nodes: their blocks of
+    size·stride consecutive ranks tile whole nodes (or the job has one node)."""
+    block = size * stride
+    return (num_gpus <= gpus_per_node) | ((block <= gpus_per_node) & (gpus_per_node % block == 0))
+
+
 def _bus_bandwidth(sh: Shapes, k: Mapping[str, Array], size: Array, stride: Array) -> Array:
     """NCCL bus bandwidth, bytes/s, of the groups of `size` ranks `stride` ranks apart.
 
@@ -85,7 +93,7 @@ def _bus_bandwidth(sh: Shapes, k: Mapping[str, Array], size: Array, stride: Arra
     """
     block = size * stride
     nodes = sh.gpus_per_node
-    inside = (sh.num_gpus <= nodes) | ((block <= nodes) & (nodes % block == 0))
+    inside = stays_in_node(size, stride, nodes, sh.num_gpus)
     cut = np.gcd(nodes.astype(np.int64), block.astype(np.int64))
     ranks_per_node = np.clip(cut // np.maximum(stride, 1), 1, size)
     return _link_bandwidth(sh, k, inside, ranks_per_node)
