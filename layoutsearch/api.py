@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -149,9 +149,7 @@ def search(
     scorer = build_cost_model(cost_model)
     # A wrong one fails before the search.
     settings = _megatron_settings(megatron, scorer, job.cluster.gpu.name)
-    launch_check = (partial(command_rejections, job=job, settings=settings)
-                    if settings.extra_args else None)
-    problem = SearchProblem.build(job, space, scorer, clusters, launch_check)
+    problem = _problem(job, space, scorer, clusters, settings)
     check_settings(problem.feasible_candidates(), job, settings)
     searcher = build_driver(driver)
     ranked = _dry_run_scripts_first(rank(searcher.run(problem)))
@@ -191,11 +189,36 @@ def search(
     ranked.attrs["fabric_note"] = _fabric_note(ranked, scorer, job)
     ranked.attrs["failed_launches_note"] = failed_launches_note(ranked)
     ranked.attrs["rejected_commands_note"] = rejected_commands_note(ranked)
-    ranked.attrs["batch_note"] = batch_note(ranked, job)
+    ranked.attrs["batch_note"] = batch_note(ranked, job,
+                                            _rescore(job, space, scorer, clusters, settings,
+                                                     searcher))
     ranked.attrs[NOTED_FOR] = notes_key(ranked)
     if message:
         warnings.warn(message, NoLayoutFitsWarning, stacklevel=2)
     return ranked
+
+
+def _problem(job: Job, space: SearchSpace, scorer: CostModel,
+             clusters: Mapping[str, ClusterSpec], settings: MegatronSettings) -> SearchProblem:
+    """The job's search problem; with the settings' extra flags, a layout whose command
+    Megatron-LM would reject does not fit."""
+    launch_check = (partial(command_rejections, job=job, settings=settings)
+                    if settings.extra_args else None)
+    return SearchProblem.build(job, space, scorer, clusters, launch_check)
+
+
+def _rescore(job: Job, space: SearchSpace, scorer: CostModel,
+             clusters: Mapping[str, ClusterSpec], settings: MegatronSettings,
+             searcher: Driver) -> Callable[[int], pd.DataFrame] | None:
+    """Ranks the same search at another global batch (for the batch note to check its
+    suggestion); None for a measured cost model, which would launch runs to answer."""
+    if isinstance(scorer, MeasuredCostModel):
+        return None
+
+    def ranked_at(batch: int) -> pd.DataFrame:
+        other = dataclasses.replace(job, global_batch_size=batch)
+        return rank(searcher.run(_problem(other, space, scorer, clusters, settings)))
+    return ranked_at
 
 
 def _count(n: int, noun: str) -> str:

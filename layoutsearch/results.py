@@ -178,23 +178,51 @@ from which a ranking says how its MFU reads: about seq_length 20k for an 8B mode
 a 70B (below it the two conventions differ by under 10 %)."""
 
 
-def batch_note(ranked: pd.DataFrame, job: Job) -> str:
-    """A note when the global batch caps data parallelism and the best layout sits at the
-    cap: dp must divide both the global batch and the GPUs (DOMAIN.md §6), so a batch with
-    few factors in common with the GPU count (2047, 1000 on 64 GPUs) forces model
-    parallelism the job would not otherwise need; "" otherwise."""
-    if ranked.empty or not bool(ranked["fits"].iloc[0]):
+def cap_raising_batch(job: Job) -> int:
+    """The global batch nearest the job's that lifts its data-parallel cap (the larger on a
+    tie). dp may be as large as gcd(batch, GPUs), so a multiple of any divisor of the GPU
+    count above the cap lifts it: the nearest such batch is often far nearer than a
+    multiple of the GPU count (2048, not 16384, for 1536 sequences on 16384 GPUs)."""
+    batch, gpus = job.global_batch_size, job.num_gpus
+    cap = math.gcd(batch, gpus)
+    nearby = {multiple for d in range(cap + 1, gpus + 1) if gpus % d == 0
+              for multiple in (batch // d * d, batch // d * d + d) if multiple > 0}
+    return min(nearby, key=lambda multiple: (abs(multiple - batch), -multiple))
+
+
+def batch_note(ranked: pd.DataFrame, job: Job,
+               rescore: Callable[[int], pd.DataFrame] | None = None) -> str:
+    """A note when the global batch caps data parallelism and the cap is what holds the best
+    layout back: dp must divide both the global batch and the GPUs (DOMAIN.md §6), so a
+    batch with few factors in common with the GPU count (2047, 1000 on 64 GPUs) can force
+    model parallelism the job would not otherwise need; "" otherwise.
+
+    `rescore(batch)` ranks the same search at another global batch: memory, not the batch,
+    may be what forces model parallelism, so the note is kept only when the best layout
+    that fits at the nearest batch lifting the cap has a larger dp. None (a cost model that
+    would launch runs to answer) gives no note.
+    """
+    if ranked.empty or not bool(ranked["fits"].iloc[0]) or rescore is None:
         return ""
     cap = math.gcd(job.global_batch_size, job.num_gpus)
     if cap == job.num_gpus or int(ranked["dp"].iloc[0]) != cap:
         return ""
-    # The nearest global batch of whole multiples of the GPU count lifts the cap.
-    suggested = job.num_gpus * max(1, round(job.global_batch_size / job.num_gpus))
+    suggested = cap_raising_batch(job)
+    try:
+        other = rescore(suggested)
+    except LayoutSearchError:
+        return ""  # no layout of the space splits that batch into micro-batches
+    fitting = other[other["fits"].astype(bool)]
+    if fitting.empty or int(fitting["dp"].iloc[0]) <= cap:
+        return ""
+    best = fitting.iloc[0]
+    layout = Layout.from_row({str(k): v for k, v in best.items()}).describe()
     return (f"global_batch_size={job.global_batch_size} caps data parallelism at dp={cap}: "
             f"dp must divide the global batch and the {job.num_gpus} GPUs, and {cap} is the "
             f"largest that divides both. The best layout sits at that cap, so the rest of the "
-            f"GPUs go to model parallelism; a global batch of {suggested} would let dp reach "
-            f"{job.num_gpus}.")
+            f"GPUs go to model parallelism. With a global batch of {suggested} dp may reach "
+            f"{math.gcd(suggested, job.num_gpus)}, and the best layout would be {layout}, "
+            f"MFU {float(best['mfu']):.3f} against {float(ranked['mfu'].iloc[0]):.3f} here.")
 
 
 def mfu_convention_note(ranked: pd.DataFrame, job: Job) -> str:

@@ -13,6 +13,8 @@ from layoutsearch.layout import Layout
 from layoutsearch.results import (
     NOTED_FOR,
     RESULT_COLUMNS,
+    batch_note,
+    cap_raising_batch,
     close_call_note,
     counts_line,
     fabric_note,
@@ -96,19 +98,52 @@ def test_equal_mfu_puts_the_layout_with_less_own_work_first() -> None:
 
 def test_a_global_batch_that_caps_data_parallelism_is_named() -> None:
     # dp divides both the batch and the GPUs: 1000 and 64 share 8, so a 13B job that runs
-    # best at dp 32 with 1024 is pushed into tp·pp = 8.
+    # best at dp 16 with 1008 is pushed into tp·pp = 8.
     capped = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=2048,
                                  global_batch_size=1000)
     assert capped.loc[0, "dp"] == 8
+    lifted = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=2048,
+                                 global_batch_size=1008)
+    best = Layout.from_row(lifted.iloc[0].to_dict())
+    assert best.dp == 16
     assert capped.attrs["batch_note"] == (
         "global_batch_size=1000 caps data parallelism at dp=8: dp must divide the global "
         "batch and the 64 GPUs, and 8 is the largest that divides both. The best layout sits "
-        "at that cap, so the rest of the GPUs go to model parallelism; a global batch of 1024 "
-        "would let dp reach 64.")
+        "at that cap, so the rest of the GPUs go to model parallelism. With a global batch "
+        f"of 1008 dp may reach 16, and the best layout would be {best.describe()}, MFU "
+        f"{lifted.loc[0, 'mfu']:.3f} against {capped.loc[0, 'mfu']:.3f} here.")
     free = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=2048,
                                global_batch_size=1024)
     assert free.loc[0, "dp"] > 8 and free.attrs["batch_note"] == ""
     assert free.loc[0, "mfu"] > capped.loc[0, "mfu"] + 0.05
+
+
+def test_no_batch_note_when_memory_forces_model_parallelism() -> None:
+    # 70B at 4k on 64 GPUs: no layout that fits has dp > 8 at any batch, so the batch's
+    # cap of 8 holds nothing back.
+    for gpus, model in ((64, "llama3_70b"), (1024, "llama3_405b")):
+        ranked = layoutsearch.search(model=model, num_gpus=gpus, seq_length=4096,
+                                     global_batch_size=1000)
+        assert ranked.loc[0, "dp"] == 8 and ranked.attrs["batch_note"] == ""
+
+
+def test_the_suggested_batch_is_the_nearest_that_lifts_the_cap() -> None:
+    def job(batch: int, gpus: int) -> Job:
+        return Job(model=load_model("llama_13b"), cluster=load_cluster("a100_80gb"),
+                   num_gpus=gpus, seq_length=2048, global_batch_size=batch)
+    assert cap_raising_batch(job(1536, 16384)) == 2048  # not 16384
+    assert cap_raising_batch(job(1000, 64)) == 1008
+    assert cap_raising_batch(job(2047, 64)) == 2048
+    assert cap_raising_batch(job(3, 64)) == 4  # as near as 2: the larger
+
+
+def test_a_batch_note_without_a_check_of_its_suggestion_is_not_given() -> None:
+    ranked = rank(scored([{"tp": 8, "mfu": 0.5, "fits": True}]))  # dp 8 of JOB's 64 GPUs
+    capped = Job(model=load_model("llama_13b"), cluster=load_cluster("a100_80gb"),
+                 num_gpus=64, seq_length=2048, global_batch_size=1000)
+    assert batch_note(ranked, capped) == ""
+    still_8 = rank(scored([{"tp": 8, "mfu": 0.6, "fits": True}]))
+    assert batch_note(ranked, capped, lambda batch: still_8) == ""
 
 
 def test_no_message_when_something_fits() -> None:
