@@ -162,7 +162,8 @@ def search(
     ranked.attrs["dry_run_note"] = ""
     # Counted among the rows ranked: a sampling driver returns only those it evaluated.
     passing_rules = 0 if ranked["fits"].any() else int((violations(ranked, clusters) == "").sum())
-    message = no_fit_message(ranked, job, problem.passing_tp_pp, passing_rules=passing_rules)
+    message = no_fit_message(ranked, job, problem.passing_tp_pp, passing_rules=passing_rules,
+                             fits=_fits(problem))
     if message and len(scripts):
         # Nothing fits because nothing ran: the scripts are the answer, not a failure.
         message = ""
@@ -219,6 +220,21 @@ def _rescore(job: Job, space: SearchSpace, scorer: CostModel,
         other = dataclasses.replace(job, global_batch_size=batch)
         return rank(searcher.run(_problem(other, space, scorer, clusters, settings)))
     return ranked_at
+
+
+def _fits(problem: SearchProblem) -> Callable[[pd.DataFrame], pd.Series] | None:
+    """Whether each of some layouts of the job passes the rules and fits, by the search's
+    analytic cost model (for the no-fit message to try its fixes); None for other cost
+    models: a replay knows only the layouts it measured, a measured one would launch runs."""
+    if not isinstance(problem.cost_model, AnalyticCostModel):
+        return None
+    columns = [c for c in problem.candidates.columns if c != "rule_reason"]
+
+    def fits(rows: pd.DataFrame) -> pd.Series:
+        layouts = rows[columns].reset_index(drop=True)
+        layouts["rule_reason"] = violations(layouts, problem.clusters)
+        return problem.evaluate(layouts)["fits"]
+    return fits
 
 
 def _count(n: int, noun: str) -> str:

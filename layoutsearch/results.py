@@ -407,19 +407,97 @@ def _rule_summary(reasons: pd.Series, top: int = 3, of: int | None = None) -> st
 
 LONG_SEQUENCE = 8192
 """Tokens from which a no-fit message suggests context parallelism (its activations)."""
+ACTIVATION_SHARE = 0.5
+"""Share of the smallest footprint in activations from which a no-fit message suggests
+activation fixes even when the model state alone is over the limit (they are part of the
+way there)."""
 SUGGESTED_PAIRS = 12
 """tp×pp pairs named at most when no layout passes the rules."""
 
 
+def _single_changes(smallest: pd.Series) -> list[tuple[str, str, dict[str, Any]]]:
+    """Each fix a no-fit message may name, as one knob of the smallest layout changed: its
+    kind, how to say it, and the change. A larger tp, pp or cp takes its GPUs from dp, as
+    the GPU count is fixed."""
+    toggles: list[tuple[bool, str, dict[str, Any]]] = [
+        # With dp·cp = 1 there is no replica to shard the optimizer state over.
+        (not bool(smallest["distributed_optimizer"])
+         and int(smallest["dp"]) * int(smallest["cp"]) > 1, "enable distributed_optimizer",
+         {"distributed_optimizer": True}),
+        (str(smallest["recompute"]) != "full", "allow recompute=full", {"recompute": "full"}),
+        (int(smallest["micro_batch_size"]) > 1, "allow micro_batch_size=1",
+         {"micro_batch_size": 1}),
+        (not str(smallest["attention"]).startswith("flash"),
+         "allow FlashAttention (attention=flash2)", {"attention": "flash2"}),
+        (int(smallest["tp"]) > 1 and not bool(smallest["sequence_parallel"]),
+         "enable sequence_parallel", {"sequence_parallel": True}),
+    ]
+    changes = [(text, text, change) for wanted, text, change in toggles if wanted]
+    dp = int(smallest["dp"])
+    for knob in ("tp", "pp", "cp"):
+        for k in (k for k in range(2, dp + 1) if dp % k == 0):
+            value = int(smallest[knob]) * k
+            changes.append((f"larger {knob}", f"set {knob}={value} (dp={dp // k})",
+                            {knob: value, "dp": dp // k}))
+    return changes
+
+
+def _fixes_that_fit(smallest: pd.Series, fits: Callable[[pd.DataFrame], pd.Series],
+                    ) -> tuple[list[str], list[str]]:
+    """The single changes of the smallest layout that `fits` (the search's rules and cost
+    model) finds to fit, the smallest tp, pp or cp of each; and the kinds of change tried."""
+    changes = _single_changes(smallest)
+    if not changes:
+        return [], []
+    variants = pd.DataFrame([{**smallest.to_dict(), **change} for _, _, change in changes])
+    fitting = fits(variants).to_numpy(dtype=bool)
+    named: dict[str, str] = {}
+    for (kind, text, _), ok in zip(changes, fitting, strict=True):
+        if ok:
+            named.setdefault(kind, text)
+    return list(named.values()), list(dict.fromkeys(kind for kind, _, _ in changes))
+
+
+def _possible_fixes(priced: pd.DataFrame, smallest: pd.Series, job: Job,
+                    activations_matter: bool) -> list[str]:
+    """The fixes that could make the smallest layout fit, of those the space did not try:
+    a judgement without the cost model's figures."""
+    fixes = []
+    # With dp·cp = 1 there is no replica to shard the optimizer state over.
+    if not priced["distributed_optimizer"].any() and int(smallest["dp"]) * int(smallest["cp"]) > 1:
+        fixes.append("enable distributed_optimizer")
+    if activations_matter and "full" not in set(priced["recompute"]):
+        fixes.append("allow recompute=full")
+    model_parallel = int(smallest["tp"]) * int(smallest["pp"]) * int(smallest["cp"])
+    can_grow = model_parallel < job.num_gpus  # tp, pp or cp take their GPUs from dp
+    if can_grow and int((priced["tp"] * priced["pp"] * priced["cp"]).max()) < job.num_gpus:
+        fixes.append("allow larger tp·pp")
+    if activations_matter:
+        # Activation memory: smaller micro-batches, no s×s scores, split sequences.
+        if int(priced["micro_batch_size"].min()) > 1:
+            fixes.append("allow micro_batch_size=1")
+        if not priced["attention"].astype(str).str.startswith("flash").any():
+            fixes.append("allow FlashAttention (attention=flash2)")
+        if not priced["sequence_parallel"].astype(bool).any():
+            fixes.append("enable sequence_parallel (with tp > 1)")
+        if can_grow and int(priced["cp"].max()) == 1 and job.seq_length >= LONG_SEQUENCE:
+            fixes.append("allow context parallelism (cp > 1)")
+    return fixes
+
+
 def no_fit_message(ranked: pd.DataFrame, job: Job,
                    passing_tp_pp: Callable[[], list[tuple[int, int]]] | None = None,
-                   passing_rules: int = 0) -> str | None:
+                   passing_rules: int = 0,
+                   fits: Callable[[pd.DataFrame], pd.Series] | None = None) -> str | None:
     """One sentence on why no candidate is feasible and what to change; None if one is.
 
     `passing_tp_pp` (called only when no layout passes the rules) gives the tp·pp pairs
     that would pass with the space's other settings, to suggest them. `passing_rules`
     counts the layouts of `ranked` that pass the rules: when there are some but none has a memory
-    figure, the cost model (a replay of measurements) is why, not the rules.
+    figure, the cost model (a replay of measurements) is why, not the rules. `fits` says
+    whether each of some layouts passes the rules and fits by the search's cost model: with
+    it, a fix is named only when it makes the smallest layout fit; without it (a cost
+    model that would launch runs), the fixes that could.
     """
     if ranked["fits"].any():
         return None
@@ -480,24 +558,19 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
                       for c in ("memory_activations_gib", "memory_logits_gib"))
     model_state = float(smallest["peak_memory_gib"]) - activations
     activations_matter = not model_state >= limit
-    fixes = ["use more GPUs or GPUs with more memory"]
-    # Suggest only what the space did not already try.
-    if not priced["distributed_optimizer"].any():
-        fixes.append("enable distributed_optimizer")
-    if activations_matter and "full" not in set(priced["recompute"]):
-        fixes.append("allow recompute=full")
-    if largest_model_parallel < job.num_gpus:
-        fixes.append("allow larger tp·pp")
-    if activations_matter:
-        # Activation memory: smaller micro-batches, no s×s scores, split sequences.
-        if int(priced["micro_batch_size"].min()) > 1:
-            fixes.append("allow micro_batch_size=1")
-        if not priced["attention"].astype(str).str.startswith("flash").any():
-            fixes.append("allow FlashAttention (attention=flash2)")
-        if not priced["sequence_parallel"].astype(bool).any():
-            fixes.append("enable sequence_parallel (with tp > 1)")
-        if int(priced["cp"].max()) == 1 and job.seq_length >= LONG_SEQUENCE:
-            fixes.append("allow context parallelism (cp > 1)")
+    advice = "use more GPUs or GPUs with more memory"
+    if fits is not None:
+        fitting, tried = _fixes_that_fit(smallest, fits)
+        if fitting:
+            advice = ", or ".join([advice, *fitting])
+        elif tried:
+            advice = (f"no single change of its layout brings it under the limit "
+                      f"({', '.join(tried)}): {advice}")
+    else:
+        # Activations a large share: their fixes are part of the way, whatever the state.
+        large = activations >= ACTIVATION_SHARE * float(smallest["peak_memory_gib"])
+        advice = ", or ".join([advice, *_possible_fixes(priced, smallest, job,
+                                                        activations_matter or large)])
     state_note = "" if activations_matter else (
         f" (weights, gradients, optimizer state and overhead alone take {model_state:.1f} GiB)")
     return (
@@ -505,5 +578,5 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
         f"{smallest['peak_memory_gib']:.1f} GiB > {limit:.1f} GiB at tp·pp·cp ≤ "
         f"{largest_model_parallel} (tp={smallest['tp']} pp={smallest['pp']} "
         f"mb={smallest['micro_batch_size']} recompute={smallest['recompute']}){state_note}; "
-        + ", or ".join(fixes)
+        f"{advice}"
     )

@@ -102,6 +102,25 @@ def test_nothing_fits_warns_with_a_suggestion() -> None:
     assert "allow recompute=full" not in result.attrs["message"]
 
 
+def test_nothing_fits_names_only_fixes_that_make_the_smallest_layout_fit() -> None:
+    # 65B at 32k on 16 GPUs: the smallest layout, tp8 pp2, has dp = 1, so a distributed
+    # optimizer shards nothing, and cp has no GPUs left to take.
+    with pytest.warns(NoLayoutFitsWarning):
+        stuck = search(model="llama_65b", num_gpus=16, seq_length=32768, global_batch_size=256,
+                       max_position_embeddings=32768, distributed_optimizer=False)
+    assert "distributed_optimizer" not in stuck.attrs["message"]
+    assert "context parallelism" not in stuck.attrs["message"]
+    assert stuck.attrs["message"].endswith("use more GPUs or GPUs with more memory")
+    # 13B at 16k with torch attention: FlashAttention or recompute alone bring it under.
+    with pytest.warns(NoLayoutFitsWarning):
+        heavy = search(model="llama_13b", num_gpus=8, seq_length=16384, global_batch_size=64,
+                       max_position_embeddings=16384, tp=8, pp=1, micro_batch_size=1,
+                       attention="torch", recompute="none")
+    assert heavy.attrs["message"].endswith(
+        "; use more GPUs or GPUs with more memory, or allow recompute=full, or allow "
+        "FlashAttention (attention=flash2)")
+
+
 def test_when_no_layout_passes_the_rules_the_message_names_tp_pp_that_would() -> None:
     # tp=16 on 8 GPUs breaks two rules; with the paper space's other settings, the tp×pp
     # whose product divides 8 (and 40 heads divide by tp) pass, smallest first.

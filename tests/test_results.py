@@ -179,8 +179,10 @@ def test_rule_message_names_a_dozen_passing_tp_pp_at_most() -> None:
 
 def test_memory_message_names_the_smallest_footprint_and_untried_fixes() -> None:
     table = scored([
-        {"tp": 2, "pp": 2, "mfu": 0.5, "peak_memory_gib": 95.0, "distributed_optimizer": False},
-        {"tp": 4, "pp": 2, "mfu": 0.4, "peak_memory_gib": 85.31, "distributed_optimizer": False},
+        {"tp": 2, "pp": 2, "dp": 16, "mfu": 0.5, "peak_memory_gib": 95.0,
+         "distributed_optimizer": False},
+        {"tp": 4, "pp": 2, "dp": 8, "mfu": 0.4, "peak_memory_gib": 85.31,
+         "distributed_optimizer": False},
     ])
     message = no_fit_message(table, JOB)
     assert message is not None
@@ -202,8 +204,10 @@ def test_memory_message_suggests_the_activation_fixes_not_tried() -> None:
     assert message is not None
     assert message.endswith("; use more GPUs or GPUs with more memory, or allow "
                             "micro_batch_size=1, or allow "
-                            "FlashAttention (attention=flash2), or allow context parallelism "
-                            "(cp > 1)")
+                            "FlashAttention (attention=flash2)")
+    # tp·pp = 64 takes every GPU: context parallelism has none left to take.
+    wider = no_fit_message(scored([{**table.iloc[0].to_dict(), "pp": 4, "dp": 2}]), long_job)
+    assert wider is not None and wider.endswith("allow context parallelism (cp > 1)")
 
 
 def test_memory_message_does_not_suggest_what_was_tried() -> None:
@@ -357,4 +361,47 @@ def test_a_footprint_of_model_state_alone_gets_no_activation_advice() -> None:
     heavy = no_fit_message(scored([{**row, "peak_memory_gib": 90.0,
                                     "memory_activations_gib": 60.0}]), job)
     assert heavy is not None and "allow recompute=full" in heavy
-    assert "allow context parallelism (cp > 1)" in heavy
+    assert "allow context parallelism (cp > 1)" not in heavy  # tp·pp·cp = 8 is every GPU
+
+
+def test_a_distributed_optimizer_is_no_fix_without_data_parallelism() -> None:
+    row = {"tp": 8, "pp": 8, "mfu": 0.5, "peak_memory_gib": 95.0,
+           "distributed_optimizer": False}
+    message = no_fit_message(scored([row]), JOB)  # dp = 1: nothing to shard over
+    assert message is not None and "distributed_optimizer" not in message
+    sharded = no_fit_message(scored([{**row, "pp": 4, "dp": 2}]), JOB)
+    assert sharded is not None and "enable distributed_optimizer" in sharded
+
+
+def test_activation_fixes_stay_when_activations_dominate_a_heavy_model_state() -> None:
+    # 58 GiB of state over a 40 GiB limit, yet most of the footprint is activations.
+    job = Job(model=load_model("llama_13b"), cluster=load_cluster("a100_40gb"), num_gpus=8,
+              seq_length=8192, global_batch_size=64)
+    row = {"tp": 8, "micro_batch_size": 2, "attention": "torch", "mfu": 0.3,
+           "peak_memory_gib": 720.9, "memory_activations_gib": 660.0,
+           "memory_logits_gib": 2.9, "distributed_optimizer": False}
+    message = no_fit_message(scored([row]), job)
+    assert message is not None and "allow FlashAttention (attention=flash2)" in message
+    assert "allow recompute=full" in message and "allow micro_batch_size=1" in message
+
+
+def test_with_the_cost_model_only_fixes_that_fit_are_named() -> None:
+    row = {"tp": 4, "pp": 2, "dp": 8, "micro_batch_size": 2, "attention": "torch",
+           "mfu": 0.3, "peak_memory_gib": 95.0, "distributed_optimizer": False}
+    tried: list[pd.DataFrame] = []
+
+    def fits(rows: pd.DataFrame) -> pd.Series:  # FlashAttention, or tp ≥ 16
+        tried.append(rows)
+        return (rows["attention"] == "flash2") | (rows["tp"] >= 16)
+    message = no_fit_message(scored([row]), JOB, fits=fits)
+    assert message is not None and message.endswith(
+        "; use more GPUs or GPUs with more memory, or allow FlashAttention (attention=flash2), "
+        "or set tp=16 (dp=2)")
+    variants = tried[0]
+    assert (variants["tp"] * variants["pp"] * variants["cp"] * variants["dp"] == 64).all()
+    none = no_fit_message(scored([row]), JOB, fits=lambda rows: rows["tp"] < 0)
+    assert none is not None and none.endswith(
+        "; no single change of its layout brings it under the limit (enable "
+        "distributed_optimizer, allow recompute=full, allow micro_batch_size=1, allow "
+        "FlashAttention (attention=flash2), enable sequence_parallel, larger tp, larger pp, "
+        "larger cp): use more GPUs or GPUs with more memory")
