@@ -576,7 +576,7 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
     return (
         f"no layout fits: the smallest per-GPU footprint is "
         f"{smallest['peak_memory_gib']:.1f} GiB > {limit:.1f} GiB at tp·pp·cp ≤ "
-        f"{largest_model_parallel} (tp={smallest['tp']} pp={smallest['pp']} "
+        f"{largest_model_parallel} (tp={smallest['tp']} pp={smallest['pp']} cp={smallest['cp']} "
         f"mb={smallest['micro_batch_size']} recompute={smallest['recompute']}){state_note}; "
         f"{advice}"
     )

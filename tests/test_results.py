@@ -187,7 +187,7 @@ def test_memory_message_names_the_smallest_footprint_and_untried_fixes() -> None
     message = no_fit_message(table, JOB)
     assert message is not None
     assert message.startswith("no layout fits: the smallest per-GPU footprint is 85.3 GiB > "
-                              "80.0 GiB at tp·pp·cp ≤ 8 (tp=4 pp=2 mb=1 recompute=none)")
+                              "80.0 GiB at tp·pp·cp ≤ 8 (tp=4 pp=2 cp=1 mb=1 recompute=none)")
     assert message.endswith("use more GPUs or GPUs with more memory, or enable "
                             "distributed_optimizer, or allow recompute=full, or allow larger "
                             "tp·pp, or enable sequence_parallel (with tp > 1)")
@@ -354,7 +354,7 @@ def test_a_footprint_of_model_state_alone_gets_no_activation_advice() -> None:
               seq_length=8192, global_batch_size=512)
     message = no_fit_message(scored([row]), job)
     assert message is not None
-    assert message.endswith("(tp=8 pp=1 mb=1 recompute=none) (weights, gradients, optimizer "
+    assert message.endswith("(tp=8 pp=1 cp=1 mb=1 recompute=none) (weights, gradients, optimizer "
                             "state and overhead alone take 849.0 GiB); use more GPUs or GPUs "
                             "with more memory")
     # With the activations the larger part, the activation fixes are back.
@@ -405,3 +405,11 @@ def test_with_the_cost_model_only_fixes_that_fit_are_named() -> None:
         "distributed_optimizer, allow recompute=full, allow micro_batch_size=1, allow "
         "FlashAttention (attention=flash2), enable sequence_parallel, larger tp, larger pp, "
         "larger cp): use more GPUs or GPUs with more memory")
+
+
+def test_the_smallest_layout_of_a_no_fit_message_names_its_cp() -> None:
+    job = Job(model=load_model("llama3_70b"), cluster=load_cluster("a100_80gb"), num_gpus=64,
+              seq_length=131072, global_batch_size=64)
+    row = {"tp": 8, "cp": 8, "mfu": 0.3, "peak_memory_gib": 92.0}
+    message = no_fit_message(scored([row]), job)
+    assert message is not None and "(tp=8 pp=1 cp=8 mb=1 recompute=none)" in message
