@@ -532,13 +532,18 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
                 f"and the others were not launched: "
                 f"{_rule_summary(ranked['reason'][~failed], top=3, of=len(ranked))}")
     if priced.empty and passing_rules:
-        # What was measured (out of memory, say) first, then what never was, by the knob.
-        unmeasured = ranked["reason"].str.startswith(UNMEASURED)
-        known = _rule_summary(ranked["reason"][~unmeasured], top=3, of=len(ranked))
-        return (f"no layout fits: {passing_rules} of {len(ranked)} layouts pass the rules, "
-                f"and the cost model found none of them to fit: {known}"
-                + (f"; {_rule_summary(ranked['reason'][unmeasured], top=2, of=len(ranked))}"
-                   if unmeasured.any() else ""))
+        # A replay that measured some of the layouts passing the rules: what it measured,
+        # then why it has no figures for the rest; the rules' rejections are not its findings.
+        reasons = ranked["reason"]
+        unmeasured = reasons.str.startswith(UNMEASURED)
+        measured = passing_rules - int(unmeasured.sum())
+        found = reasons[reasons.str.startswith("measured")]
+        message = (f"no layout fits: {passing_rules} of {len(ranked)} layouts pass the rules; "
+                   f"{measured} measured, none fit: {_rule_summary(found, top=3)}")
+        if unmeasured.any():
+            message += (f"; the other {int(unmeasured.sum())} were not measured: "
+                        f"{_rule_summary(reasons[unmeasured], top=2)}")
+        return message
     if priced.empty:
         message = f"no layout passes the rules: {_rule_summary(ranked['reason'])}"
         pairs = passing_tp_pp() if passing_tp_pp else []

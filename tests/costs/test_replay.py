@@ -150,13 +150,18 @@ def test_a_search_over_out_of_memory_runs_alone_says_the_cost_model_found_no_fit
     path = tmp_path / "oom.csv"
     _runs(measurement_row, {"status": "oom", "step_time_s": None, "mfu": None}).to_csv(
         path, index=False)
-    ranked = _replay_search_fitting_nothing(path, seq_length=2048, global_batch_size=2048)
+    # The paper space: some layouts break rules, which are no finding of the replay's.
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
+        ranked = layoutsearch.search(model="llama_13b", num_gpus=64, seq_length=2048,
+                                     global_batch_size=2048, cost_model={
+            "_target_": "layoutsearch.costs.replay.ReplayCostModel", "path": str(path)})
     message = ranked.attrs["message"]
-    # The layouts pass the rules; the measurements are what rules them out.
-    assert message.startswith("no layout fits: ") and "pass the rules, and the cost model " \
-        "found none of them to fit" in message
-    assert f"measured: out of memory (rejects 1 of {len(ranked)} layouts)" in message
+    passing = int((ranked["reason"].str.startswith("unmeasured: ")).sum()) + 1
+    assert message.startswith(f"no layout fits: {passing} of {len(ranked)} layouts pass the "
+                              "rules; 1 measured, none fit: measured: out of memory (rejects 1 "
+                              f"of 1 layouts); the other {passing - 1} were not measured: ")
     assert "no layout passes the rules" not in message
+    assert "must divide" not in message  # the rules' rejections are not the replay's findings
 
 
 def test_a_search_over_a_job_the_file_never_ran_says_nothing_was_priced(
