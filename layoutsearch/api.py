@@ -191,8 +191,7 @@ def search(
     ranked.attrs["failed_launches_note"] = failed_launches_note(ranked)
     ranked.attrs["rejected_commands_note"] = rejected_commands_note(ranked)
     ranked.attrs["batch_note"] = batch_note(ranked, job,
-                                            _rescore(job, space, scorer, clusters, settings,
-                                                     searcher))
+                                            _rescore(job, space, scorer, clusters, settings))
     ranked.attrs[NOTED_FOR] = notes_key(ranked)
     if message:
         warnings.warn(message, NoLayoutFitsWarning, stacklevel=2)
@@ -210,15 +209,16 @@ def _problem(job: Job, space: SearchSpace, scorer: CostModel,
 
 def _rescore(job: Job, space: SearchSpace, scorer: CostModel,
              clusters: Mapping[str, ClusterSpec], settings: MegatronSettings,
-             searcher: Driver) -> Callable[[int], pd.DataFrame] | None:
-    """Ranks the same search at another global batch (for the batch note to check its
-    suggestion); None for a measured cost model, which would launch runs to answer."""
+             ) -> Callable[[int], pd.DataFrame] | None:
+    """Ranks the space at another global batch with the grid (for the batch note to check
+    its suggestion; the search's own driver could leave an optuna study behind in its
+    storage); None for a measured cost model, which would launch runs to answer."""
     if isinstance(scorer, MeasuredCostModel):
         return None
 
     def ranked_at(batch: int) -> pd.DataFrame:
         other = dataclasses.replace(job, global_batch_size=batch)
-        return rank(searcher.run(_problem(other, space, scorer, clusters, settings)))
+        return rank(GridDriver().run(_problem(other, space, scorer, clusters, settings)))
     return ranked_at
 
 
