@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from layoutsearch.costs.base import MEASURED_FAILURE, UNMEASURED
+from layoutsearch.costs.base import MEASURED, MEASURED_FAILURE, UNMEASURED
 from layoutsearch.costs.timing import stays_in_node
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
@@ -537,7 +537,7 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
         reasons = ranked["reason"]
         unmeasured = reasons.str.startswith(UNMEASURED)
         measured = passing_rules - int(unmeasured.sum())
-        found = reasons[reasons.str.startswith("measured")]
+        found = reasons[reasons.str.startswith(MEASURED)]
         message = (f"no layout fits: {passing_rules} of {len(ranked)} layouts pass the rules; "
                    f"{measured} measured, none fit: {_rule_summary(found, top=3)}")
         if unmeasured.any():

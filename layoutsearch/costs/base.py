@@ -37,7 +37,10 @@ PREDICTION_COLUMNS = (
     "fits",             # the go/no-go call: True if the layout is expected to run
     "cost_reason",      # why it does not fit or is unpriced ("" otherwise)
 )
-MEASURED_FAILURE = "measured "
+MEASURED = "measured"
+"""How `cost_reason` starts for a layout whose measured runs say it did not fit or run: a
+replay's ("measured: out of memory") and a measured search's (MEASURED_FAILURE)."""
+MEASURED_FAILURE = f"{MEASURED} "
 """How `cost_reason` starts for a layout that was launched and failed ("measured oom: ...")."""
 UNMEASURED = "unmeasured: "
 """How `cost_reason` starts for a layout the cost model has no figures for (a replay of a

@@ -23,17 +23,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from layoutsearch.costs.base import UNMEASURED
+from layoutsearch.costs.base import MEASURED, UNMEASURED
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.measurements import JOB_KEY, MEASUREMENT_KEY, read_measurements
 from layoutsearch.specs import ClusterSpec
 
 FAILED_REASONS = {
-    "oom": "measured: out of memory",
-    "unavailable": "measured: unavailable (a kernel refused the shape)",
-    "error": "measured: the run failed",
-    "timeout": "measured: the run timed out",
+    "oom": f"{MEASURED}: out of memory",
+    "unavailable": f"{MEASURED}: unavailable (a kernel refused the shape)",
+    "error": f"{MEASURED}: the run failed",
+    "timeout": f"{MEASURED}: the run timed out",
 }
 """`cost_reason` of a layout none of whose runs finished, by status (docs/measurements.md)."""
 FAILURE_ORDER = ("oom", "unavailable", "error", "timeout")
