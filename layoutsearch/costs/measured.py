@@ -120,9 +120,13 @@ class MeasurementFile:
             yield
             return
         descriptor = self._lock_descriptor()
-        try:
-            if descriptor is not None:
+        if descriptor is not None:
+            try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX)
+            except OSError:  # a folder on NFS takes no exclusive flock: append unlocked
+                os.close(descriptor)
+                descriptor = None
+        try:
             yield
         finally:
             if descriptor is not None:
@@ -131,26 +135,16 @@ class MeasurementFile:
     def _lock_descriptor(self) -> int | None:
         """What to flock: `.NAME.lock` beside the file; where the folder takes no new file
         (a writable measurement file in a read-only folder, which appends alone still
-        work in), the folder itself; None where neither can be opened or locked (a folder
-        on NFS takes no exclusive flock), and the append goes unlocked."""
+        work in), the folder itself; None where neither can be opened."""
         try:
             return os.open(self.path.with_name(f".{self.path.name}.lock"),
                            os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
         except OSError:
             pass
         try:
-            folder = os.open(self.path.parent, os.O_RDONLY)
+            return os.open(self.path.parent, os.O_RDONLY)
         except OSError:
             return None
-        try:
-            fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(folder, fcntl.LOCK_UN)
-        except BlockingIOError:
-            pass  # lockable, and held by another writer just now
-        except OSError:
-            os.close(folder)
-            return None
-        return folder
 
     def append(self, row: Mapping[str, Any]) -> None:
         with self._locked():

@@ -69,6 +69,12 @@ FINGERPRINT_ATTR = "layoutsearch"
 """Study user attribute holding the job, space, objectives and cost model it was made for."""
 
 
+def _study_name_of(made_for: Mapping[str, Any]) -> str:
+    """`layoutsearch-<digest>`: the first 12 hex digits of the sha1 of `made_for` as JSON."""
+    digest = hashlib.sha1(json.dumps(made_for, sort_keys=True).encode()).hexdigest()
+    return f"layoutsearch-{digest[:12]}"
+
+
 @dataclass(kw_only=True, slots=True)
 class OptunaDriver:
     """Sample layouts with optuna until `n_trials` evaluations, `timeout` or `target`."""
@@ -213,8 +219,7 @@ class OptunaDriver:
         sampling = {"sampler": self.sampler, "seed": self.seed,
                     "n_startup_trials": self.n_startup_trials,
                     "multivariate": self.multivariate}
-        made = json.dumps({**fingerprint, "sampling": sampling}, sort_keys=True)
-        return f"layoutsearch-{hashlib.sha1(made.encode()).hexdigest()[:12]}"
+        return _study_name_of({**fingerprint, "sampling": sampling})
 
     def _default_or_earlier_name(self, fingerprint: Mapping[str, Any],
                                  storage: BaseStorage) -> str:
@@ -223,8 +228,7 @@ class OptunaDriver:
         it (the fingerprint's digest alone), that study, said on stderr, so a search begun
         before the change resumes instead of starting over."""
         name = self.default_study_name(fingerprint)
-        earlier = "layoutsearch-" + hashlib.sha1(
-            json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:12]
+        earlier = _study_name_of(fingerprint)
         names = {study.study_name for study in storage.get_all_studies()}
         if name in names or earlier not in names:
             return name
