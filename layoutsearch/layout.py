@@ -19,6 +19,9 @@ ATTENTION_KERNELS = ("torch", "fused", "flash1", "flash2", "flash3")
 CUDA kernel (both materialize the s×s scores); `flash1`/`flash2`/`flash3`: FlashAttention 1,
 2 and 3 (3 needs Hopper)."""
 
+FLASH_ATTENTION = ("flash1", "flash2", "flash3")
+"""The FlashAttention kernels: no s×s scores kept, and only in Transformer Engine's layers."""
+
 RECOMPUTE_KINDS = ("none", "selective", "mlp", "full")
 """Activation checkpointing: `selective` = core attention only (Megatron's selective),
 `mlp` = the MLP block only, `full` = every layer."""

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from layoutsearch.layout import uses_transformer_engine
+from layoutsearch.layout import FLASH_ATTENTION, uses_transformer_engine
 from layoutsearch.specs import ClusterSpec
 
 Frame = pd.DataFrame
@@ -133,7 +133,7 @@ of 8 (dot_product_attention/utils.py, get_attention_backend), and with
 
 
 def _flash_head_dim_refused(t: Frame) -> pd.Series:
-    flash = t["attention"].isin(("flash1", "flash2", "flash3"))
+    flash = t["attention"].isin(FLASH_ATTENTION)
     return (_head_dim(t) > _flash_head_dim_limit(t)) | (
         flash & (_head_dim(t) % FLASH_HEAD_DIM_MULTIPLE != 0))
 

@@ -18,7 +18,12 @@ import numpy as np
 import pandas as pd
 
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
-from layoutsearch.layout import ATTENTION_KERNELS, RECOMPUTE_KINDS, uses_transformer_engine
+from layoutsearch.layout import (
+    ATTENTION_KERNELS,
+    FLASH_ATTENTION,
+    RECOMPUTE_KINDS,
+    uses_transformer_engine,
+)
 from layoutsearch.pipeline import stage_split
 from layoutsearch.specs import ClusterSpec
 
@@ -199,7 +204,7 @@ class Shapes:
             fused_norm=_flags(table, "rmsnorm_kernel") | (table["normalization"] != "RMSNorm")
             .to_numpy(),
             transformer_engine=uses_transformer_engine(
-                table["attention"].isin(("flash1", "flash2", "flash3")).to_numpy(),
+                table["attention"].isin(FLASH_ATTENTION).to_numpy(),
                 _flags(table, "rmsnorm_kernel"), _flags(table, "sequence_parallel"), tp),
             distributed_optimizer=_flags(table, "distributed_optimizer"),
             overlap_grad_reduce=_flags(table, "overlap_grad_reduce"),

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from layoutsearch.costs.shapes import Array, Shapes
+from layoutsearch.layout import FLASH_ATTENTION
 
 # Element-wise traffic per token and layer, forward pass, in bytes per unit of width. The
 # backward pass reads the saved inputs and the incoming gradients and writes the outgoing
@@ -113,11 +114,11 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     mlp_gemm_flops = 2 * T * mlp_matrices * h * f / t
     gemm_rate = peak * k["gemm_efficiency"]
     # QK^T and AV: 4·T·s·h FLOPs per layer; FlashAttention skips the masked causal half.
-    flash = sh.is_attention("flash1", "flash2", "flash3")
+    flash = sh.is_attention(*FLASH_ATTENTION)
     score_flops = 4 * T * s * h / t * np.where(flash, 0.5, 1.0)
     attention_efficiency = np.select(
-        [sh.is_attention(kernel) for kernel in ("flash1", "flash2", "flash3")],
-        [k[f"{kernel}_efficiency"] for kernel in ("flash1", "flash2", "flash3")],
+        [sh.is_attention(kernel) for kernel in FLASH_ATTENTION],
+        [k[f"{kernel}_efficiency"] for kernel in FLASH_ATTENTION],
         default=k["gemm_efficiency"],  # torch and fused run QK^T and AV as batched GEMMs
     )
     attention_rate = peak * attention_efficiency

@@ -21,7 +21,7 @@ import pandas as pd
 
 from layoutsearch.costs.constants import load_constants
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.layout import Layout, uses_transformer_engine
+from layoutsearch.layout import FLASH_ATTENTION, Layout, uses_transformer_engine
 from layoutsearch.megatron.settings import MegatronSettings
 from layoutsearch.pipeline import stage_layers
 from layoutsearch.rules import FUSED_SOFTMAX_SHAPE, fused_softmax_takes
@@ -199,7 +199,7 @@ def _kernel_args(layout: Layout, model: ModelSpec,
     argv: list[str] = []
     env: dict[str, str] = {}
     notes: list[str] = []
-    flash = layout.attention in (*FLASH_KERNELS, "flash1")
+    flash = layout.attention in FLASH_ATTENTION
     if uses_transformer_engine(flash, layout.rmsnorm_kernel, layout.sequence_parallel,
                                layout.tp):
         # TE's unfused attention materializes the scores and uses TE's port of Megatron's
