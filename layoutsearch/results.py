@@ -415,20 +415,29 @@ SUGGESTED_PAIRS = 12
 """tp×pp pairs named at most when no layout passes the rules."""
 
 
+DISTRIBUTED_OPTIMIZER = "enable distributed_optimizer"
+FULL_RECOMPUTE = "allow recompute=full"
+MICRO_BATCH_1 = "allow micro_batch_size=1"
+FLASH = "allow FlashAttention (attention=flash2)"
+"""Fixes a no-fit message names, in the words of both of its ways to choose them."""
+
+
+def _shards_optimizer(smallest: pd.Series) -> bool:
+    """Whether the distributed optimizer would shard anything: with dp·cp = 1 there is no
+    replica to shard the optimizer state over."""
+    return int(smallest["dp"]) * int(smallest["cp"]) > 1
+
+
 def _single_changes(smallest: pd.Series) -> list[tuple[str, str, dict[str, Any]]]:
     """Each fix a no-fit message may name, as one knob of the smallest layout changed: its
     kind, how to say it, and the change. A larger tp, pp or cp takes its GPUs from dp, as
     the GPU count is fixed."""
     toggles: list[tuple[bool, str, dict[str, Any]]] = [
-        # With dp·cp = 1 there is no replica to shard the optimizer state over.
-        (not bool(smallest["distributed_optimizer"])
-         and int(smallest["dp"]) * int(smallest["cp"]) > 1, "enable distributed_optimizer",
-         {"distributed_optimizer": True}),
-        (str(smallest["recompute"]) != "full", "allow recompute=full", {"recompute": "full"}),
-        (int(smallest["micro_batch_size"]) > 1, "allow micro_batch_size=1",
-         {"micro_batch_size": 1}),
-        (not str(smallest["attention"]).startswith("flash"),
-         "allow FlashAttention (attention=flash2)", {"attention": "flash2"}),
+        (not bool(smallest["distributed_optimizer"]) and _shards_optimizer(smallest),
+         DISTRIBUTED_OPTIMIZER, {"distributed_optimizer": True}),
+        (str(smallest["recompute"]) != "full", FULL_RECOMPUTE, {"recompute": "full"}),
+        (int(smallest["micro_batch_size"]) > 1, MICRO_BATCH_1, {"micro_batch_size": 1}),
+        (not str(smallest["attention"]).startswith("flash"), FLASH, {"attention": "flash2"}),
         (int(smallest["tp"]) > 1 and not bool(smallest["sequence_parallel"]),
          "enable sequence_parallel", {"sequence_parallel": True}),
     ]
@@ -463,11 +472,10 @@ def _possible_fixes(priced: pd.DataFrame, smallest: pd.Series, job: Job,
     """The fixes that could make the smallest layout fit, of those the space did not try:
     a judgement without the cost model's figures."""
     fixes = []
-    # With dp·cp = 1 there is no replica to shard the optimizer state over.
-    if not priced["distributed_optimizer"].any() and int(smallest["dp"]) * int(smallest["cp"]) > 1:
-        fixes.append("enable distributed_optimizer")
+    if not priced["distributed_optimizer"].any() and _shards_optimizer(smallest):
+        fixes.append(DISTRIBUTED_OPTIMIZER)
     if activations_matter and "full" not in set(priced["recompute"]):
-        fixes.append("allow recompute=full")
+        fixes.append(FULL_RECOMPUTE)
     model_parallel = int(smallest["tp"]) * int(smallest["pp"]) * int(smallest["cp"])
     can_grow = model_parallel < job.num_gpus  # tp, pp or cp take their GPUs from dp
     if can_grow and int((priced["tp"] * priced["pp"] * priced["cp"]).max()) < job.num_gpus:
@@ -475,9 +483,9 @@ def _possible_fixes(priced: pd.DataFrame, smallest: pd.Series, job: Job,
     if activations_matter:
         # Activation memory: smaller micro-batches, no s×s scores, split sequences.
         if int(priced["micro_batch_size"].min()) > 1:
-            fixes.append("allow micro_batch_size=1")
+            fixes.append(MICRO_BATCH_1)
         if not priced["attention"].astype(str).str.startswith("flash").any():
-            fixes.append("allow FlashAttention (attention=flash2)")
+            fixes.append(FLASH)
         if not priced["sequence_parallel"].astype(bool).any():
             fixes.append("enable sequence_parallel (with tp > 1)")
         if can_grow and int(priced["cp"].max()) == 1 and job.seq_length >= LONG_SEQUENCE:
