@@ -119,7 +119,7 @@ def failed_launches_note(ranked: pd.DataFrame) -> str:
 CLOSE_CALL_GAP = 0.05
 """Relative gap in predicted MFU within which the analytic model cannot call the order of two
 layouts: on the study's runs, the shipped constants' pairs of measured layouts of one job
-predicted within 5 % of each other ran in the other order in 32 % of 1,631 pairs, pairs 5-10 %
+predicted within 5 % of each other ran in the other order in 32 % of 1,645 pairs, pairs 5-10 %
 apart in 15 %, pairs further apart in under 5 % (benchmarks/fidelity.py prints the table;
 layoutsearch.fidelity.order_errors_by_gap)."""
 CLOSE_CALL_WRONG_ORDER = 0.32
@@ -174,8 +174,8 @@ def close_call_note(ranked: pd.DataFrame, *,
 
 MASKED_ATTENTION_SHARE = 0.2
 """Share of the study's counted FLOPs per token that is the masked half of causal attention
-from which a ranking says how its MFU reads: about seq_length 20k for an 8B model, 40k for
-a 70B (below it the two conventions differ by under 10 %)."""
+from which a ranking says how its MFU reads: about seq_length 20k for Llama 3 8B, 36k for
+Llama 3 70B, where the study's count is 1.3 times Megatron-LM's (at 8k: 1.19 and 1.09 times)."""
 
 
 def cap_raising_batch(job: Job) -> int:
