@@ -28,7 +28,12 @@ RESULT_COLUMNS = (
 
 TIGHT_HEADROOM_GIB = 5.0
 """GPU memory left free below which a predicted fit is a gamble: on the study's 736 ok/oom
-runs every wrong fit call of the shipped analytic model lay within 5 GiB of the limit."""
+runs, every FlashAttention layout the shipped analytic model predicted to fit that ran out of
+memory had less than 5 GiB free by the prediction (at most 2.1 GiB); with the fused and torch
+kernels, such layouts had up to WASTED_FIT_OTHER_KERNELS_GIB free."""
+WASTED_FIT_OTHER_KERNELS_GIB = 13.0
+"""The most GPU memory, rounded up, that the model left free for a fused- or torch-attention
+layout of the study's runs that ran out of memory (12.6 GiB, LLaMA 13B at 2k, tp2 pp2 mb8)."""
 
 
 def priced_a_sample(ranked: pd.DataFrame) -> bool:
@@ -45,9 +50,11 @@ def headroom_note(ranked: pd.DataFrame) -> str:
     best = ranked.iloc[0]
     if not best["headroom_gib"] < TIGHT_HEADROOM_GIB:
         return ""
-    note = (f"the best layout leaves {best['headroom_gib']:.1f} GiB of GPU memory free; every "
-            f"wrong fit call on the study's runs lay within {TIGHT_HEADROOM_GIB:.0f} GiB of "
-            f"the limit, so it may run out of memory.")
+    note = (f"the best layout leaves {best['headroom_gib']:.1f} GiB of GPU memory free; on "
+            "the study's runs every FlashAttention layout predicted to fit that ran out of "
+            f"memory had less than {TIGHT_HEADROOM_GIB:.0f} GiB free by the prediction (with "
+            f"the fused and torch kernels up to {WASTED_FIT_OTHER_KERNELS_GIB:.0f} GiB), so "
+            "it may run out of memory.")
     roomy = ranked[ranked["fits"].astype(bool) & (ranked["headroom_gib"] >= TIGHT_HEADROOM_GIB)]
     sample = priced_a_sample(ranked)
     if roomy.empty:

@@ -15,8 +15,9 @@ from layoutsearch.costs.base import PREDICTION_COLUMNS
 from layoutsearch.costs.constants import AnalyticConstants, load_constants
 from layoutsearch.costs.shapes import Shapes
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.fidelity import fidelity
+from layoutsearch.fidelity import collapse_twins, fidelity
 from layoutsearch.measurements import read_measurements
+from layoutsearch.results import TIGHT_HEADROOM_GIB, WASTED_FIT_OTHER_KERNELS_GIB
 from tests.costs.builders import score, table
 
 RUNS = Path(__file__).resolve().parents[3] / "shared/data/hagemann2023/runs.csv"
@@ -102,6 +103,20 @@ def test_fidelity_on_the_study_runs_stays_at_its_measured_level() -> None:
     assert summary["min_spearman"] >= 0.90
     assert summary["mape"] <= 0.06
     assert summary["top3_hits"] == summary["groups"]
+
+
+@pytest.mark.skipif(not RUNS.is_file(), reason="no shared measurements beside the checkout")
+def test_the_headroom_notes_figures_are_those_of_the_study_runs() -> None:
+    # The headroom note tells a user how far from the limit a predicted fit ran out of
+    # memory on the study's runs, by attention kernel: those figures must be the data's.
+    predicted = collapse_twins(layoutsearch.predict(RUNS))
+    memory = predicted["gpu"].map(lambda gpu: clusters_by_gpu()[gpu].gpu.memory_gib)
+    headroom = memory - predicted["predicted_peak_memory_gib"]
+    wasted = predicted["predicted_fits"].astype(bool) & (predicted["status"] == "oom")
+    flash = predicted["attention"].str.startswith("flash")
+    assert wasted[flash].any() and wasted[~flash].any()
+    assert headroom[wasted & flash].max() < TIGHT_HEADROOM_GIB
+    assert np.ceil(headroom[wasted & ~flash].max()) == WASTED_FIT_OTHER_KERNELS_GIB
 
 
 def test_the_megatron_settings_are_not_a_cost_model() -> None:
