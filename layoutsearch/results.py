@@ -17,7 +17,7 @@ import pandas as pd
 from layoutsearch.costs.base import MEASURED, MEASURED_FAILURE, UNMEASURED
 from layoutsearch.costs.timing import stays_in_node
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.layout import LAYOUT_COLUMNS, Layout
+from layoutsearch.layout import FLASH_ATTENTION, LAYOUT_COLUMNS, Layout
 from layoutsearch.specs import Job
 
 RESULT_COLUMNS = (
@@ -27,13 +27,22 @@ RESULT_COLUMNS = (
 
 
 TIGHT_HEADROOM_GIB = 5.0
-"""GPU memory left free below which a predicted fit is a gamble: on the study's 736 ok/oom
-runs, every FlashAttention layout the shipped analytic model predicted to fit that ran out of
-memory had less than 5 GiB free by the prediction (at most 2.1 GiB); with the fused and torch
-kernels, such layouts had up to WASTED_FIT_OTHER_KERNELS_GIB free."""
-WASTED_FIT_OTHER_KERNELS_GIB = 13.0
-"""The most GPU memory, rounded up, that the model left free for a fused- or torch-attention
-layout of the study's runs that ran out of memory (12.6 GiB, LLaMA 13B at 2k, tp2 pp2 mb8)."""
+"""GPU memory left free below which a predicted fit of a FlashAttention layout is a gamble:
+on the study's 736 ok/oom runs, every FlashAttention layout the shipped analytic model
+predicted to fit that ran out of memory had less than this free by the prediction (at most
+2.1 GiB)."""
+TIGHT_HEADROOM_OTHER_KERNELS_GIB = 13.0
+"""The same for the fused and torch kernels, whose s×s scores the model prices less exactly:
+such a layout of the study's runs ran out of memory with up to 12.6 GiB free by the
+prediction (LLaMA 13B at 2k, tp2 pp2 mb8, fused)."""
+
+
+def safe_headroom_gib(attention: pd.Series) -> pd.Series:
+    """GiB a layout with this attention kernel should leave free for its predicted fit to be
+    more than a gamble (TIGHT_HEADROOM_GIB, TIGHT_HEADROOM_OTHER_KERNELS_GIB)."""
+    flash = attention.isin(FLASH_ATTENTION)
+    return pd.Series(np.where(flash, TIGHT_HEADROOM_GIB, TIGHT_HEADROOM_OTHER_KERNELS_GIB),
+                     index=attention.index)
 
 
 def priced_a_sample(ranked: pd.DataFrame) -> bool:
@@ -43,32 +52,34 @@ def priced_a_sample(ranked: pd.DataFrame) -> bool:
 
 
 def headroom_note(ranked: pd.DataFrame) -> str:
-    """A warning when the best layout fits with less than TIGHT_HEADROOM_GIB to spare, naming
-    the best layout with more room and what it costs; "" otherwise."""
+    """A warning when the best layout fits with less memory to spare than its kernel's
+    layouts ran out of memory with on the study's runs (safe_headroom_gib), naming the best
+    layout with more room and what it costs; "" otherwise."""
     if "headroom_gib" not in ranked.columns or ranked.empty or not bool(ranked["fits"].iloc[0]):
         return ""
+    safe = safe_headroom_gib(ranked["attention"])
     best = ranked.iloc[0]
-    if not best["headroom_gib"] < TIGHT_HEADROOM_GIB:
+    margin = float(safe.iloc[0])
+    if not best["headroom_gib"] < margin:
         return ""
+    kernels = ("FlashAttention layout" if margin == TIGHT_HEADROOM_GIB
+               else "layout with the fused or torch attention kernel")
     note = (f"the best layout leaves {best['headroom_gib']:.1f} GiB of GPU memory free; on "
-            "the study's runs every FlashAttention layout predicted to fit that ran out of "
-            f"memory had less than {TIGHT_HEADROOM_GIB:.0f} GiB free by the prediction (with "
-            f"the fused and torch kernels up to {WASTED_FIT_OTHER_KERNELS_GIB:.0f} GiB), so "
-            "it may run out of memory.")
-    roomy = ranked[ranked["fits"].astype(bool) & (ranked["headroom_gib"] >= TIGHT_HEADROOM_GIB)]
+            f"the study's runs every {kernels} predicted to fit that ran out of memory had "
+            f"less than {margin:.0f} GiB free by the prediction, so it may run out of memory.")
+    roomy = ranked[ranked["fits"].astype(bool) & (ranked["headroom_gib"] >= safe)]
     sample = priced_a_sample(ranked)
     if roomy.empty:
         if sample:
             return (f"{note} Of the layouts this driver priced ({len(ranked)}), none that "
-                    f"fits leaves {TIGHT_HEADROOM_GIB:.0f} GiB; driver=grid prices every "
-                    "layout.")
-        return f"{note} No layout that fits leaves {TIGHT_HEADROOM_GIB:.0f} GiB."
+                    "fits leaves that much for its kernel; driver=grid prices every layout.")
+        return f"{note} No layout that fits leaves that much for its kernel."
     safer = roomy.iloc[0]
     layout = Layout.from_row({str(k): v for k, v in safer.items()}).describe()
     gap = 100 * (best["mfu"] - safer["mfu"])
     among = " this driver priced" if sample else ""
-    return (f"{note} The best{among} with at least {TIGHT_HEADROOM_GIB:.0f} GiB free: {layout}, "
-            f"MFU {safer['mfu']:.3f} ({gap:.1f} points lower, {safer['headroom_gib']:.1f} GiB "
+    return (f"{note} The best{among} with that much free for its kernel: {layout}, MFU "
+            f"{safer['mfu']:.3f} ({gap:.1f} points lower, {safer['headroom_gib']:.1f} GiB "
             "free).")
 
 

@@ -232,10 +232,28 @@ def test_a_tight_best_layout_names_the_best_one_with_room() -> None:
     # The study's figures, by kernel (tests/costs/test_analytic.py checks them on its runs).
     assert note.startswith("the best layout leaves 0.5 GiB of GPU memory free; on the study's "
                            "runs every FlashAttention layout predicted to fit that ran out of "
-                           "memory had less than 5 GiB free by the prediction (with the fused "
-                           "and torch kernels up to 13 GiB), so it may run out of memory.")
-    assert note.endswith("The best with at least 5 GiB free: tp4 pp1 dp1 mb1 flash2 "
+                           "memory had less than 5 GiB free by the prediction, so it may run "
+                           "out of memory.")
+    assert note.endswith("The best with that much free for its kernel: tp4 pp1 dp1 mb1 flash2 "
                          "recompute=none, MFU 0.550 (5.0 points lower, 12.0 GiB free).")
+
+
+def test_the_headroom_a_fused_or_torch_layout_needs_is_what_theirs_ran_out_with() -> None:
+    # On the study's runs a fused layout predicted to fit ran out of memory with 12.6 GiB
+    # free: 9 GiB is no margin for it, though it would be for FlashAttention; the roomier
+    # alternative must clear its own kernel's margin (the torch row's 11 GiB does not).
+    ranked = rank(scored([
+        {"tp": 1, "mfu": 0.60, "fits": True, "headroom_gib": 9.0, "attention": "fused"},
+        {"tp": 2, "mfu": 0.58, "fits": True, "headroom_gib": 11.0, "attention": "torch"},
+        {"tp": 4, "mfu": 0.55, "fits": True, "headroom_gib": 6.0, "attention": "flash2"},
+    ]))
+    note = headroom_note(ranked)
+    assert note.startswith("the best layout leaves 9.0 GiB of GPU memory free; on the study's "
+                           "runs every layout with the fused or torch attention kernel "
+                           "predicted to fit that ran out of memory had less than 13 GiB free")
+    assert "with that much free for its kernel: tp4 pp1 dp1 mb1 flash2" in note
+    flash = rank(scored([{"tp": 1, "mfu": 0.6, "fits": True, "headroom_gib": 9.0}]))
+    assert headroom_note(flash) == ""
 
 
 def test_no_headroom_note_with_room_or_without_a_memory_estimate() -> None:
@@ -243,7 +261,7 @@ def test_no_headroom_note_with_room_or_without_a_memory_estimate() -> None:
     assert headroom_note(roomy) == ""
     assert headroom_note(rank(scored([{"tp": 1, "mfu": 0.6, "fits": True}]))) == ""
     tight = rank(scored([{"tp": 1, "mfu": 0.6, "fits": True, "headroom_gib": 1.0}]))
-    assert headroom_note(tight).endswith("No layout that fits leaves 5 GiB.")
+    assert headroom_note(tight).endswith("No layout that fits leaves that much for its kernel.")
 
 
 def test_the_headroom_note_of_a_sampling_driver_speaks_for_the_rows_it_priced() -> None:
@@ -252,12 +270,13 @@ def test_the_headroom_note_of_a_sampling_driver_speaks_for_the_rows_it_priced() 
     tight = rank(scored([{"tp": 1, "mfu": 0.6, "fits": True, "headroom_gib": 1.0}]))
     tight.attrs["space_size"] = 2240
     assert headroom_note(tight).endswith(
-        "Of the layouts this driver priced (1), none that fits leaves 5 GiB; driver=grid "
-        "prices every layout.")
+        "Of the layouts this driver priced (1), none that fits leaves that much for its "
+        "kernel; driver=grid prices every layout.")
     tight = rank(scored([{"tp": 1, "mfu": 0.6, "fits": True, "headroom_gib": 1.0},
                          {"tp": 2, "mfu": 0.5, "fits": True, "headroom_gib": 9.0}]))
     tight.attrs["space_size"] = 2240
-    assert "The best this driver priced with at least 5 GiB free: tp2" in headroom_note(tight)
+    assert ("The best this driver priced with that much free for its kernel: tp2"
+            in headroom_note(tight))
 
 
 def test_runners_up_within_5_percent_are_a_close_call() -> None:

@@ -17,7 +17,7 @@ from layoutsearch.costs.shapes import Shapes
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.fidelity import collapse_twins, fidelity
 from layoutsearch.measurements import read_measurements
-from layoutsearch.results import TIGHT_HEADROOM_GIB, WASTED_FIT_OTHER_KERNELS_GIB
+from layoutsearch.results import TIGHT_HEADROOM_GIB, TIGHT_HEADROOM_OTHER_KERNELS_GIB
 from tests.costs.builders import score, table
 
 RUNS = Path(__file__).resolve().parents[3] / "shared/data/hagemann2023/runs.csv"
@@ -116,7 +116,7 @@ def test_the_headroom_notes_figures_are_those_of_the_study_runs() -> None:
     flash = predicted["attention"].str.startswith("flash")
     assert wasted[flash].any() and wasted[~flash].any()
     assert headroom[wasted & flash].max() < TIGHT_HEADROOM_GIB
-    assert np.ceil(headroom[wasted & ~flash].max()) == WASTED_FIT_OTHER_KERNELS_GIB
+    assert np.ceil(headroom[wasted & ~flash].max()) == TIGHT_HEADROOM_OTHER_KERNELS_GIB
 
 
 def test_the_megatron_settings_are_not_a_cost_model() -> None:
