@@ -39,38 +39,39 @@ OPTIMIZER_BYTES = 12.0
 WEIGHT_BYTES = 2.0
 
 
-def activation_bytes_per_layer(sh: Shapes) -> tuple[Array, Array]:
-    """Bytes one layer keeps for backward for one micro-batch: (without recompute, its input).
+def activation_bytes_per_layer(sh: Shapes) -> tuple[Array, Array, Array]:
+    """Bytes of one layer for one micro-batch: (kept for backward, rebuilt during its
+    backward, its input).
 
+    `kept` is what the layer stores under the row's selective or mlp recompute (all of it
+    under none or full); `rebuilt` is what that recompute drops and brings back for the
+    layer whose backward runs; the input is what full recomputation stores instead.
     Token-wise tensors of width h are replicated on every TP rank unless sequence
     parallelism splits them (Korthikanti §4.2.2); head- and ffn-sharded tensors divide by tp.
     """
     T, h, f, t = sh.tokens, sh.hidden, sh.ffn, sh.tp
     replicated = np.where(sh.sequence_parallel, 1.0 / t, 1.0)
+    width_h = 2.0 * T * h * replicated  # one bf16 token-wise tensor of width h
     norm_bytes = np.where(sh.fused_norm, NORM_BYTES_FUSED, NORM_BYTES_UNFUSED)
     norms = 2 * norm_bytes * T * h * replicated  # two norms per block
-    mlp_recompute = sh.is_recompute("mlp")
-    # QKV and FC1 keep the norms' outputs. Under mlp recompute the MLP's checkpoint keeps
-    # its input instead: with the local layers the pre-MLP norm's output (FC1's input);
-    # with Transformer Engine's the norm is inside FC1 (TELayerNormColumnParallelLinear,
-    # pre_mlp_layernorm=IdentityOp in gpt_layer_specs.py), so the checkpoint keeps the
-    # residual stream, already kept as the norm's input, and FC1's input is recomputed.
-    fc1_input_recomputed = mlp_recompute & sh.transformer_engine
-    linear_inputs = np.where(fc1_input_recomputed, 1.0, 2.0) * 2.0 * T * h * replicated
+    linear_inputs = 2 * width_h  # QKV and FC1 keep the norms' outputs
     qkv = 2.0 * T * (h + 2 * sh.kv_width) / t  # q, k, v for the attention backward
     context = 2.0 * T * h / t  # attention output, input of the output projection
     scores = sh.per_attention(SCORE_BYTES) * T * sh.seq * sh.heads / t
     # SwiGLU keeps gate and up (4 bytes per ffn element) and their product for FC2 (2);
     # a GELU MLP keeps its input and output (2 + 2).
     mlp = np.where(sh.swiglu, 6.0, 4.0) * T * f / t
-    layer_input = 2.0 * T * h * replicated
-    selective = sh.is_recompute("selective")
-    kept = (
-        norms + linear_inputs + qkv + context
-        + np.where(selective, 0.0, scores)  # selective recomputes softmax(QK^T)V
-        + np.where(mlp_recompute, 0.0, mlp)
-    )
-    return kept, layer_input
+    # Selective recomputes softmax(QK^T)V. Under mlp recompute the MLP's checkpoint keeps
+    # its input: with the local layers the pre-MLP norm's output (FC1's input, still kept);
+    # with Transformer Engine's the norm is inside FC1 (TELayerNormColumnParallelLinear,
+    # pre_mlp_layernorm=IdentityOp in gpt_layer_specs.py), so the checkpoint keeps the
+    # residual stream, already kept as the norm's input, and FC1's input is recomputed.
+    # What a checkpoint drops comes back one layer at a time (CheckpointFunction.backward).
+    fc1_input = np.where(sh.transformer_engine, width_h, 0.0)
+    rebuilt = (np.where(sh.is_recompute("selective"), scores, 0.0)
+               + np.where(sh.is_recompute("mlp"), mlp + fc1_input, 0.0))
+    kept = norms + linear_inputs + qkv + context + scores + mlp - rebuilt
+    return kept, rebuilt, width_h
 
 
 def memory_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
@@ -89,15 +90,16 @@ def memory_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
         "optimizer": OPTIMIZER_BYTES * P / shard,
     }
 
-    kept, layer_input = activation_bytes_per_layer(sh)
+    kept, rebuilt, layer_input = (
+        part * k["activation_memory_factor"] for part in activation_bytes_per_layer(sh))
     full = sh.is_recompute("full")
     # The tensors counted above are a floor: unfused kernels keep extra copies and the
     # caching allocator fragments (calibrated `activation_memory_factor`).
-    kept = kept * k["activation_memory_factor"]
-    layer_input = layer_input * k["activation_memory_factor"]
     stored_per_layer = np.where(full, layer_input, kept)
-    # With full recomputation one layer's whole working set is rebuilt during its backward.
-    working_layer = np.where(full, kept, 0.0)
+    # What recomputation drops comes back for one layer during its backward, on top of
+    # what every layer of every micro-batch in flight stores: with full recomputation the
+    # layer's whole working set, with selective its attention scores, with mlp its MLP.
+    working_layer = np.where(full, kept, rebuilt)
     exists = sh.stage_layers > 0
     activations = np.where(
         exists, sh.stage_layers * sh.stage_in_flight * stored_per_layer + working_layer, 0.0)

@@ -21,9 +21,10 @@ def test_gpt_block_matches_korthikanti_without_dropout(tp: int) -> None:
     s, b, h, a = 2048, 1, 12288, 96
     # GPT-3's LayerNorm is one kernel without the study's RMSNorm kernel (rmsnorm_kernel).
     sh = shapes(**GPT3, tp=tp, attention="fused", rmsnorm_kernel=False, recompute="none")
-    kept, layer_input = activation_bytes_per_layer(sh)
+    kept, rebuilt, layer_input = activation_bytes_per_layer(sh)
     expected = s * b * h * (8 + 24 / tp) + 2 * a * s * s * b / tp
     assert kept[0] == pytest.approx(expected, rel=1e-12)
+    assert rebuilt[0] == 0.0  # no recompute, nothing rebuilt
     assert layer_input[0] == pytest.approx(2 * s * b * h)  # the checkpoint of full recompute
 
 
@@ -142,7 +143,7 @@ def test_a_trimmed_first_stage_moves_the_peak_to_the_second() -> None:
     acts = sh.stage_layers[:, 0] * sh.stage_in_flight[:, 0]
     assert acts.tolist() == [48.0, 56.0, 6.0]
     row = score(model="llama_30b", num_gpus=256, pp=8, tp=2).iloc[0]
-    kept, _ = activation_bytes_per_layer(sh)
+    kept = activation_bytes_per_layer(sh)[0]
     factor = 1.55  # activation_memory_factor of cost_models/analytic.yaml
     assert row["memory_activations_gib"] == pytest.approx(56 * factor * kept[0] / GIB)
 
@@ -162,3 +163,30 @@ def test_mlp_recompute_keeps_fc1_input_only_with_the_local_layers(
     dropped_norm_outputs = 2 - kept_norm_outputs
     assert kept["none"] - kept["mlp"] == pytest.approx(
         6 * T * f / tp + dropped_norm_outputs * 2 * T * h)
+
+
+def test_selective_recompute_rebuilds_one_layers_scores_in_its_backward() -> None:
+    # Llama-3 70B on 64 H100, tp 8, pp 4, dp 2, SP, seq 8192, mb 1, Transformer Engine's
+    # fused softmax (2 bytes per score), selective recompute (core_attn). 128 sequences,
+    # 64 micro-batches: the first stage stores 4 micro-batches of its 20 layers, each
+    # s·b·h/t·(4 norms + 4 linear inputs + 2.5 q,k,v (8 K/V groups) + 2 context
+    # + 21 SwiGLU (6·28672/8192)) = 33.5·s·b·h/t bytes, i.e. 80 × 33.5 × 8192 × 8192 / 8
+    # = 22,481,469,440 bytes = 20.9375 GiB. The backward of each layer recomputes its
+    # softmax(QK^T)V: one layer's scores, 2·s²·a/t = 2 × 8192² × 64 / 8 = 1 GiB, sit on
+    # top of that (CheckpointFunction.backward), as one layer's working set does under
+    # full recompute.
+    row = score(model="llama3_70b", cluster="h100_sxm", num_gpus=64, seq_length=8192,
+                global_batch_size=128, tp=8, pp=4, sequence_parallel=True,
+                attention="fused", recompute="selective").iloc[0]
+    assert row["memory_activations_gib"] == pytest.approx(20.9375 + 1.0, rel=1e-12)
+
+
+def test_mlp_recompute_rebuilds_one_layers_mlp_in_its_backward() -> None:
+    # LLaMA 13B, tp 1, pp 1, seq 2048, mb 1, FlashAttention 2 (Transformer Engine's layers),
+    # fused RMSNorm, the A100 fit's activation_memory_factor 1.55. Per layer, in units of
+    # s·h bytes: 4 norms + 2 QKV input + 6 q,k,v + 2 context = 14 stored for each of the
+    # 40 layers; the layer in backward rebuilds FC1's input (2) and its SwiGLU tensors
+    # (6·13824/5120 = 16.2): 40 × 14 + 18.2 = 578.2 s·h = 578.2 × 2048 × 5120 bytes.
+    row = score(recompute="mlp").iloc[0]
+    assert row["memory_activations_gib"] == pytest.approx(
+        1.55 * 578.2 * 2048 * 5120 / GIB, rel=1e-12)
