@@ -190,3 +190,29 @@ def test_mlp_recompute_rebuilds_one_layers_mlp_in_its_backward() -> None:
     row = score(recompute="mlp").iloc[0]
     assert row["memory_activations_gib"] == pytest.approx(
         1.55 * 578.2 * 2048 * 5120 / GIB, rel=1e-12)
+
+
+def test_llama3_405b_with_context_parallelism_by_hand() -> None:
+    # Llama-3 405B on 1024 H100 (memory constants a priori, Megatron-LM's defaults), tp 8, pp 16,
+    # cp 2, dp 4, SP, seq 8192, mb 1, FlashAttention, no recompute. 126 layers on 16 stages:
+    # [7, 8 × 14, 7]; the second stage holds 15 micro-batches of 8 layers (120) against the
+    # first's 16 of 7 (112) plus an embedding, and peaks. Per layer (h 16384, f 53248,
+    # 8 K/V groups of 128): 2h² + 2·h·1024 + 3·h·f + 2h = 3,187,703,808 parameters.
+    h, f, layer = 16384, 53248, 3_187_703_808
+    assert 2 * h * h + 2 * h * 1024 + 3 * h * f + 2 * h == layer
+    assert shapes(model="llama3_405b").params_per_layer[0] == layer
+    row = score(model="llama3_405b", cluster="h100_sxm", num_gpus=1024, seq_length=8192,
+                global_batch_size=1024, tp=8, pp=16, cp=2, sequence_parallel=True).iloc[0]
+    params = 8 * layer / 8  # 8 layers over tp 8
+    # Megatron-LM's theoretical_memory_usage.py: 6 + 12/d bytes per parameter with the
+    # distributed optimizer; Megatron shards it over the data- and context-parallel ranks
+    # together (d = dp·cp = 8): 2 bf16 weights, 4 fp32 main gradients, 12/8 of Adam's state.
+    assert row["memory_weights_gib"] == pytest.approx(2 * params / GIB)
+    assert row["memory_gradients_gib"] == pytest.approx(4 * params / GIB)
+    assert row["memory_optimizer_gib"] == pytest.approx(12 / 8 * params / GIB)
+    # Activations: T = s/cp = 4096 tokens per rank, everything split by tp (SP), bytes per
+    # T·h/t: 4 norms + 4 linear inputs + 2·(h + 2·1024)/h = 2.25 q,k,v + 2 context
+    # + 6·f/h = 19.5 SwiGLU = 31.75; × 120 layer-micro-batches.
+    T = 8192 / 2
+    assert row["memory_activations_gib"] == pytest.approx(120 * 31.75 * T * h / 8 / GIB)
+    assert row["memory_logits_gib"] == 0.0  # the second stage peaks, not the last
