@@ -179,12 +179,7 @@ def validate_measurements(
     """
     if isinstance(gpus, str):
         gpus = [gpus]
-    repeated = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
-    if repeated:
-        # Which of the two would be the row's value? Neither can be taken on trust.
-        raise LayoutSearchError(
-            f"{source}: column(s) {', '.join(map(repr, repeated))} appear more than once; "
-            "keep one of each (a measurement row has one value per column)")
+    _refuse_repeated_columns(source, frame.columns)
     unrun = planned and "status" not in frame.columns
     if unrun:
         frame = frame.assign(status=PLANNED, step_time_s=np.nan, mfu=np.nan)
@@ -239,6 +234,17 @@ def validate_measurements(
     else:
         _keep_lines(out, lines)
     return out
+
+
+def _refuse_repeated_columns(source: str, names: Collection[object]) -> None:
+    """Refuse a column named twice: which of the two would be the row's value? Neither can
+    be taken on trust. Unnamed columns (a spreadsheet's trailing empty ones) are left be."""
+    named = [str(name) for name in names if str(name).strip()]
+    repeated = sorted({name for name in named if named.count(name) > 1})
+    if repeated:
+        raise LayoutSearchError(
+            f"{source}: column(s) {', '.join(map(repr, repeated))} appear more than once; "
+            "keep one of each (a measurement row has one value per column)")
 
 
 def _first(mask: pd.Series | np.ndarray) -> int:
@@ -421,6 +427,9 @@ def _record_lines(path: Path) -> list[int]:
                     if header is None:
                         header = record
                         _refuse_other_delimiters(path, header)
+                        # pandas would read a repeated name as 'tp.1', an unknown column
+                        # kept, and take the first 'tp' as the row's value.
+                        _refuse_repeated_columns(str(path), header)
                     else:
                         starts.append(end + 1)
                         _refuse_extra_cells(path, end + 1, header, record)

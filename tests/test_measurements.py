@@ -412,3 +412,19 @@ def test_a_repeated_column_is_named(measurement_row: dict[str, Any]) -> None:
     with pytest.raises(LayoutSearchError, match=r"frame: column\(s\) 'tp' appear more than "
                                                 r"once; keep one of each"):
         predict(doubled)
+
+
+def test_a_column_repeated_in_a_csv_header_is_named(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    # pandas would read the second 'tp' as 'tp.1', an unknown column kept, and the row as tp 2.
+    header = ",".join(measurement_row) + ",tp,"
+    line = ",".join(map(str, measurement_row.values())) + ",4,"
+    path = tmp_path / "runs.csv"
+    path.write_text(f"{header}\n{line}\n")
+    with pytest.raises(LayoutSearchError, match=r"runs.csv: column\(s\) 'tp' appear more than "
+                                                r"once; keep one of each"):
+        read_measurements(path)
+    # A header's unnamed trailing columns (a spreadsheet's empty ones) are no repeat.
+    path.write_text(f"{header[:-4]},,\n{line[:-3]},,\n")
+    assert read_measurements(path)["tp"].tolist() == [2]
