@@ -46,7 +46,15 @@ def distinct_layouts(frame: pd.DataFrame) -> int:
 
 def collapse_twins(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per effective layout of each group: SP at tp=1 folded, repeats averaged."""
+    missing = [c for c in ("status", "mfu", *PREDICTED) if c not in frame.columns]
+    if missing:
+        raise LayoutSearchError(
+            f"fidelity needs measured rows with predictions: missing {', '.join(missing)}; "
+            "score the rows of a measurement file with layoutsearch.predict() first")
     rows, keys = _effective_layouts(frame)
+    # Spelt as the rows were (a CSV of predictions read back as text, say): the string
+    # "False" would count as true.
+    rows["predicted_fits"] = as_bool(frame, "predicted_fits", "fidelity input")
     rows = rows[rows["status"].isin(["ok", "oom"])]
     rows["ran"] = rows["status"] == "ok"
     # Every prediction is averaged over twins, save the go/no-go call and the reason.
@@ -101,12 +109,6 @@ def group_fidelity(group: pd.DataFrame) -> GroupFidelity:
 
 def fidelity(predicted: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
     """Per-group table and the summary line (overall fit accuracy, min ρ, max regret, ...)."""
-    missing = [c for c in PREDICTED if c not in predicted.columns]
-    if missing:
-        raise LayoutSearchError(
-            f"fidelity needs predictions: missing {', '.join(missing)}; "
-            "score the rows with layoutsearch.predict() first"
-        )
     collapsed = collapse_twins(predicted)
     if collapsed.empty:
         raise LayoutSearchError(

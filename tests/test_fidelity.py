@@ -131,6 +131,23 @@ def test_needs_predictions(runs: pd.DataFrame) -> None:
         fidelity(runs.drop(columns="predicted_fits"))
 
 
+@pytest.mark.parametrize("table", [order_errors_by_gap, run_noise,
+                                   lambda frame: signed_errors(frame, "tp")])
+def test_every_table_names_missing_predictions(runs: pd.DataFrame, table: Any) -> None:
+    with pytest.raises(LayoutSearchError, match=r"missing predicted_mfu, predicted_fits; "
+                                                r"score the rows .* with layoutsearch.predict"):
+        table(runs.drop(columns=["predicted_mfu", "predicted_fits"]))
+
+
+def test_predictions_read_back_as_text_keep_their_fit_calls(runs: pd.DataFrame) -> None:
+    _, summary = fidelity(runs)
+    _, as_text = fidelity(runs.assign(predicted_fits=runs["predicted_fits"].astype(str)))
+    assert as_text == summary  # "False" is not taken as true
+    with pytest.raises(LayoutSearchError, match=r"index 2, column 'predicted_fits': an empty "
+                                                r"cell is not a boolean"):
+        fidelity(runs.assign(predicted_fits=runs["predicted_fits"].where(runs.index != 2)))
+
+
 def test_predict_then_fidelity_on_a_file_with_spelled_out_booleans(
     tmp_path: Path, measurement_row: dict[str, Any]
 ) -> None:
