@@ -91,7 +91,10 @@ def group_fidelity(group: pd.DataFrame) -> GroupFidelity:
     predicted_fits = group["predicted_fits"].astype(bool)
     ok = group[ran]
     best = ok["mfu"].max()
-    candidates = group[predicted_fits].sort_values("predicted_mfu", ascending=False)
+    # A row predicted to fit without a predicted MFU was not ranked: neither the pick nor
+    # among the three best-predicted.
+    candidates = group[predicted_fits & group["predicted_mfu"].notna()].sort_values(
+        "predicted_mfu", ascending=False)
     measured_of_pick = candidates["mfu"].fillna(0.0)  # a pick that went OOM scores 0
     regret = (best - measured_of_pick.iloc[0]) * 100 if len(candidates) else best * 100
     top3 = bool((measured_of_pick.head(3) >= best).any()) if len(candidates) else False

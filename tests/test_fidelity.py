@@ -148,6 +148,14 @@ def test_predictions_read_back_as_text_keep_their_fit_calls(runs: pd.DataFrame) 
         fidelity(runs.assign(predicted_fits=runs["predicted_fits"].where(runs.index != 2)))
 
 
+def test_a_row_predicted_to_fit_without_a_predicted_mfu_is_not_ranked() -> None:
+    frame = pd.DataFrame([run(JOB_13B, 1, 1, "ok", 0.6, np.nan, True),
+                          run(JOB_13B, 2, 1, "ok", 0.5, 0.4, True)])
+    table, _ = fidelity(frame)
+    assert table.loc[0, "regret_points"] == pytest.approx(10.0)
+    assert not table.loc[0, "top3_hit"]  # the best run was never ranked
+
+
 def test_predict_then_fidelity_on_a_file_with_spelled_out_booleans(
     tmp_path: Path, measurement_row: dict[str, Any]
 ) -> None:
