@@ -23,7 +23,7 @@ import pandas as pd
 
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS
-from layoutsearch.measurements import as_bool
+from layoutsearch.measurements import BOOLEAN_COLUMNS, JOB_KEY, OPTIONAL_DEFAULTS, as_bool
 
 GROUP_COLUMNS = ("model", "seq_length", "gpu", "num_gpus", "global_batch_size")
 PREDICTED = ("predicted_mfu", "predicted_fits")
@@ -36,6 +36,35 @@ def _effective_layouts(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     sequence_parallel = as_bool(frame, "sequence_parallel", "fidelity input")
     rows = frame.assign(sequence_parallel=sequence_parallel & (frame["tp"] > 1))
     return rows, [c for c in (*GROUP_COLUMNS, *LAYOUT_COLUMNS) if c in rows.columns]
+
+
+def _one_job_per_group(rows: pd.DataFrame) -> None:
+    """Refuse a group (GROUP_COLUMNS) that holds runs of several jobs: rows named alike
+    whose model dimensions, GPUs per node or normalization differ (a family name such as
+    "llama" for its 7B and 13B runs). Their layouts would be averaged together as repeats
+    and ranked as one sweep; a replay tells them apart by these columns."""
+    others = [c for c in JOB_KEY if c not in GROUP_COLUMNS and c in rows.columns]
+    if not others or not set(GROUP_COLUMNS) <= set(rows.columns):
+        return
+    job = rows[[*GROUP_COLUMNS, *others]].copy()
+    for column in others:
+        if column in BOOLEAN_COLUMNS:
+            job[column] = as_bool(rows, column, "fidelity input")
+        elif column in OPTIONAL_DEFAULTS:
+            job[column] = job[column].fillna(OPTIONAL_DEFAULTS[column])
+    counts = job.groupby(list(GROUP_COLUMNS), dropna=False, observed=True)[others].nunique()
+    mixed = counts[(counts > 1).any(axis=1)]
+    if mixed.empty:
+        return
+    group = mixed.index[0]
+    column = next(c for c in others if mixed.iloc[0][c] > 1)
+    named = dict(zip(GROUP_COLUMNS, group, strict=True))
+    values = job.loc[(job[list(GROUP_COLUMNS)] == pd.Series(named)).all(axis=1), column]
+    raise LayoutSearchError(
+        f"fidelity input: the rows of {', '.join(f'{k}={v}' for k, v in named.items())} "
+        f"differ in {column} ({', '.join(sorted(map(str, values.unique())))}): runs of "
+        f"different jobs, which a job ({', '.join(GROUP_COLUMNS)}) cannot tell apart; "
+        "give each its own model name")
 
 
 def distinct_layouts(frame: pd.DataFrame) -> int:
@@ -51,6 +80,7 @@ def collapse_twins(frame: pd.DataFrame) -> pd.DataFrame:
         raise LayoutSearchError(
             f"fidelity needs measured rows with predictions: missing {', '.join(missing)}; "
             "score the rows of a measurement file with layoutsearch.predict() first")
+    _one_job_per_group(frame)
     rows, keys = _effective_layouts(frame)
     # Spelt as the rows were (a CSV of predictions read back as text, say): the string
     # "False" would count as true.

@@ -156,6 +156,20 @@ def test_a_row_predicted_to_fit_without_a_predicted_mfu_is_not_ranked() -> None:
     assert not table.loc[0, "top3_hit"]  # the best run was never ranked
 
 
+def test_runs_of_two_models_under_one_name_are_refused(measurement_row: dict[str, Any]) -> None:
+    # One name for a family: the 13B's tp 2 run would be averaged with the 7B's as a repeat.
+    small = {"num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 11008,
+             "num_attention_heads": 32, "num_query_groups": 32}
+    rows = pd.DataFrame([measurement_row, {**measurement_row, **small, "mfu": 0.5,
+                                           "step_time_s": 18.0}]).assign(model="llama")
+    with pytest.raises(LayoutSearchError, match=r"the rows of model=llama, .* differ in "
+                                                r"num_layers \(32, 40\): runs of different jobs"):
+        fidelity(predict(rows))
+    # Spellings of one value are one job.
+    same = rows.iloc[[0, 0]].assign(swiglu=["true", "yes"]).reset_index(drop=True)
+    assert fidelity(predict(same))[1]["rows"] == 1
+
+
 def test_predict_then_fidelity_on_a_file_with_spelled_out_booleans(
     tmp_path: Path, measurement_row: dict[str, Any]
 ) -> None:
