@@ -218,6 +218,8 @@ def validate_measurements(
     for column in FLOAT_COLUMNS:
         out[column] = _as_float(out, column, source, rows)
     _check_values(out, source, rows, statuses=(PLANNED,) if unrun else STATUSES)
+    if "recompute_num_layers" in out.columns:
+        _check_recompute_layers(out, source, rows)
     if gpus is not None:
         unknown = ~out["gpu"].isin(list(gpus))
         if unknown.any():
@@ -306,6 +308,25 @@ def _check_values(t: pd.DataFrame, source: str, rows: Sequence[str],
         raise _fail(source, rows[i], "dp",
                     f"tp·pp·cp·dp = {r.tp}·{r.pp}·{r.cp}·{r.dp} = {world.iloc[i]} "
                     f"does not equal num_gpus={r.num_gpus}")
+
+
+def _check_recompute_layers(t: pd.DataFrame, source: str, rows: Sequence[str]) -> None:
+    """The optional `recompute_num_layers` (Megatron-LM's --recompute-num-layers) of a full
+    recompute: empty or 1, layoutsearch's `full` (--recompute-method uniform
+    --recompute-num-layers 1, every layer its own checkpoint). Other counts (a partial
+    recompute, or chunks of layers) are no layout layoutsearch prices: read as `full`, their
+    step time and memory would price another layout. Without a full recompute Megatron-LM
+    takes no layer count, so the cell is not read."""
+    layers = _as_float(t, "recompute_num_layers", source, rows)
+    bad = (t["recompute"] == "full") & layers.notna() & (layers != 1)
+    if bad.any():
+        i = _first(bad)
+        raise _fail(source, rows[i], "recompute_num_layers",
+                    f"{layers.iloc[i]:g} with recompute 'full' is "
+                    "no layout layoutsearch prices: its 'full' recomputes every layer, one "
+                    "per checkpoint (--recompute-method uniform --recompute-num-layers 1); "
+                    "leave such runs out, or write 1 (or leave the cell empty) for runs "
+                    "that did that")
 
 
 UNIT_TOLERANCE = 2.0

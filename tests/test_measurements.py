@@ -428,3 +428,17 @@ def test_a_column_repeated_in_a_csv_header_is_named(
     # A header's unnamed trailing columns (a spreadsheet's empty ones) are no repeat.
     path.write_text(f"{header[:-4]},,\n{line[:-3]},,\n")
     assert read_measurements(path)["tp"].tolist() == [2]
+
+
+def test_a_partial_full_recompute_is_refused_not_priced_as_full(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    full = {**measurement_row, "recompute": "full", "step_time_s": 40.0, "mfu": 0.45}
+    rows = [{**full, "recompute_num_layers": 1}, {**full, "tp": 4, "dp": 16},
+            {**measurement_row, "recompute_num_layers": 2}]  # not read without full
+    assert len(read_measurements(write(tmp_path, rows))) == 3
+    rows.append({**full, "tp": 8, "dp": 8, "recompute_num_layers": 4})
+    with pytest.raises(LayoutSearchError, match=r"line 5, column 'recompute_num_layers': 4 with "
+                                                r"recompute 'full' is no layout layoutsearch "
+                                                r"prices"):
+        read_measurements(write(tmp_path, rows))
