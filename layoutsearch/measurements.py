@@ -416,7 +416,13 @@ def read_table(path: str | Path) -> pd.DataFrame:
             f"measurement file {str(path)!r} is empty: it needs a header line with the "
             "columns of docs/measurements.md"
         ) from None
-    except (pd.errors.ParserError, UnicodeDecodeError, ValueError, OSError) as error:
+    except UnicodeDecodeError as error:
+        # Its position counts from the chunk pandas was decoding, not from the file.
+        raise LayoutSearchError(
+            f"measurement file {str(path)!r} is not UTF-8 text: "
+            f"{_undecodable(path) or error.reason}; save it as UTF-8 (a spreadsheet's "
+            "'CSV UTF-8' format)") from None
+    except (pd.errors.ParserError, ValueError, OSError) as error:
         # pyarrow's ArrowInvalid is a ValueError; a truncated Parquet file is an OSError.
         kind = "Parquet" if parquet else "CSV"
         raise LayoutSearchError(
@@ -429,6 +435,18 @@ def read_table(path: str | Path) -> pd.DataFrame:
     if len(lines) == len(table):  # else (Parquet) the rows are named by position, as read
         _keep_lines(table, lines)
     return table
+
+
+def _undecodable(path: Path) -> str:
+    """Where `path` is first not UTF-8, by its line as an editor numbers it ("line 7 has
+    b'\\xe9', invalid continuation byte"); "" where every line decodes."""
+    with path.open("rb") as file:
+        for number, line in enumerate(file, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                return f"line {number} has {line[error.start:error.end]!r}, {error.reason}"
+    return ""
 
 
 def _record_lines(path: Path) -> list[int]:

@@ -238,7 +238,6 @@ def test_a_csv_file_read_then_saved_as_parquet_names_its_own_rows(
 
 @pytest.mark.parametrize(("name", "content", "kind"), [
     ("runs.csv", b'model,tp\n"llama_13b,1\n', "CSV"),  # a quote never closed
-    ("runs.csv", b"model,tp\n\xff\xfe,1\n", "CSV"),  # not UTF-8
     ("runs.parquet", b"model,tp\nllama_13b,1\n", "Parquet"),  # a CSV named .parquet
 ])
 def test_an_unreadable_file_is_named_with_its_format(
@@ -442,3 +441,15 @@ def test_a_partial_full_recompute_is_refused_not_priced_as_full(
                                                 r"recompute 'full' is no layout layoutsearch "
                                                 r"prices"):
         read_measurements(write(tmp_path, rows))
+
+
+def test_a_file_not_in_utf8_names_its_first_such_line(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    # A spreadsheet's "CSV" in a Western locale is Windows-1252: é is one byte, 0xe9.
+    path = tmp_path / "runs.csv"
+    frame = pd.DataFrame([measurement_row, {**measurement_row, "source": "mesuré"}])
+    frame.to_csv(path, index=False, encoding="cp1252")
+    with pytest.raises(LayoutSearchError, match=r"is not UTF-8 text: line 3 has b'\\xe9', "
+                                                r".*save it as UTF-8"):
+        read_measurements(path)
