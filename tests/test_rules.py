@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -12,8 +11,7 @@ from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.measurements import read_measurements
 from layoutsearch.rules import build_rules, violations
 from layoutsearch.specs import ModelSpec
-
-RUNS = Path("/work/shared/data/hagemann2023/runs.csv")
+from tests.study_runs import STUDY_RUNS, needs_study_runs
 
 
 def reason(table: pd.DataFrame) -> str:
@@ -133,9 +131,9 @@ def test_rules_work_on_a_whole_table(candidate: Any) -> None:
     assert list(reasons == "") == [True, True, True, False]
 
 
-@pytest.mark.skipif(not RUNS.is_file(), reason="the study's measured runs are not present")
+@needs_study_runs
 def test_fused_softmax_rule_agrees_with_the_measured_runs() -> None:
-    runs = read_measurements(RUNS)
+    runs = read_measurements(STUDY_RUNS)
     flagged = violations(runs, clusters_by_gpu()).str.contains("fused softmax kernel unavailable")
     unavailable = runs["status"] == "unavailable"
     # Every row the kernel refused in the study is LLaMA 30B (52 heads) with fused softmax.
@@ -144,6 +142,6 @@ def test_fused_softmax_rule_agrees_with_the_measured_runs() -> None:
     # The 19th (tp2 pp2 mb2, recompute full) has 2·52/2 = 52, divisible by 4: Megatron's
     # is_kernel_available accepts that shape (its twin with recompute none ran), so the
     # row is marked unavailable in the data for a reason the rule cannot see.
-    assert (flagged & unavailable).sum() >= 18
+    assert unavailable.sum() == 19 and (flagged & unavailable).sum() == 18
     # The rule never rejects a row that ran or that got as far as running out of memory.
     assert not (flagged & ~unavailable).any()

@@ -19,8 +19,7 @@ from layoutsearch.fidelity import collapse_twins, fidelity
 from layoutsearch.measurements import read_measurements
 from layoutsearch.results import TIGHT_HEADROOM_GIB, TIGHT_HEADROOM_OTHER_KERNELS_GIB
 from tests.costs.builders import score, table
-
-RUNS = Path(__file__).resolve().parents[3] / "shared/data/hagemann2023/runs.csv"
+from tests.study_runs import STUDY_RUNS, needs_study_runs
 
 
 def test_every_catalog_gpu_has_constants() -> None:
@@ -94,11 +93,11 @@ def test_a_gpu_without_constants_is_named() -> None:
         model.score(table(), layoutsearch.catalog.clusters_by_gpu())
 
 
-@pytest.mark.skipif(not RUNS.is_file(), reason="no shared measurements beside the checkout")
+@needs_study_runs
 def test_fidelity_on_the_study_runs_stays_at_its_measured_level() -> None:
     # A guard against regressions of the shipped constants; benchmarks/fidelity.py prints
     # the full table. Thresholds sit just under what the fitted model reaches.
-    _, summary = fidelity(layoutsearch.predict(RUNS))
+    _, summary = fidelity(layoutsearch.predict(STUDY_RUNS))
     assert summary["fit_accuracy"] >= 0.97
     assert summary["min_spearman"] >= 0.90
     assert summary["mape"] <= 0.06
