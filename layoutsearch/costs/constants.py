@@ -59,10 +59,12 @@ class AnalyticConstants:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(fields) - names
         missing = names - set(fields)
-        if unknown or missing:
-            raise LayoutSearchError(
-                f"{where}: unknown constant(s) {sorted(unknown)}, missing {sorted(missing)}"
-            )
+        # Each kind of mistake is named only where there is one: a file missing a constant
+        # was told "unknown constant(s) [], missing [...]".
+        problems = [f"{kind} constant(s) {', '.join(sorted(names))}"
+                    for kind, names in (("unknown", unknown), ("missing", missing)) if names]
+        if problems:
+            raise LayoutSearchError(f"{where}: {'; '.join(problems)}")
         for name, value in fields.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise LayoutSearchError(f"{where}.{name}={value!r}: must be a number")

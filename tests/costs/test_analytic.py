@@ -69,11 +69,17 @@ def test_hopper_is_faster_than_ampere_and_h200_fits_more() -> None:
 
 def test_a_constant_out_of_range_or_missing_is_named() -> None:
     good = load_constants("analytic")["a100_80gb"].to_dict()
-    with pytest.raises(LayoutSearchError, match="gemm_efficiency"):
+    with pytest.raises(LayoutSearchError,
+                       match=r"^test\.gemm_efficiency=-1: must be a fraction in \(0, 1\]$"):
         AnalyticConstants.from_dict({**good, "gemm_efficiency": -1}, "test")
     missing = {k: v for k, v in good.items() if k != "logit_bytes"}
-    with pytest.raises(LayoutSearchError, match="logit_bytes"):
+    # Only the mistake made is named: no "unknown constant(s) []" beside the missing one.
+    with pytest.raises(LayoutSearchError, match=r"^test: missing constant\(s\) logit_bytes$"):
         AnalyticConstants.from_dict(missing, "test")
+    misspelt = {**missing, "logit_byte": 4}
+    with pytest.raises(LayoutSearchError, match=r"^test: unknown constant\(s\) logit_byte; "
+                                                r"missing constant\(s\) logit_bytes$"):
+        AnalyticConstants.from_dict(misspelt, "test")
     # A zero or above-one efficiency would price a step infinite or faster than peak.
     for name, value, rule in [("gemm_efficiency", 0, r"a fraction in \(0, 1\]"),
                               ("network_efficiency", 1.5, r"a fraction in \(0, 1\]"),
@@ -89,7 +95,9 @@ def test_a_gpu_without_constants_is_named() -> None:
     config = {"_target_": "layoutsearch.costs.analytic.AnalyticCostModel",
               "gpus": {"h100_sxm": load_constants("analytic")["h100_sxm"].to_dict()}}
     model = build_cost_model(config)
-    with pytest.raises(LayoutSearchError, match="a100_80gb"):
+    with pytest.raises(LayoutSearchError, match=r"has no constants for GPU kind\(s\) a100_80gb; "
+                                                r"it covers h100_sxm\. Add them to a copy of "
+                                                r"cost_models/analytic_prior\.yaml"):
         model.score(table(), layoutsearch.catalog.clusters_by_gpu())
 
 
@@ -119,7 +127,9 @@ def test_the_headroom_notes_figures_are_those_of_the_study_runs() -> None:
 
 
 def test_the_megatron_settings_are_not_a_cost_model() -> None:
-    with pytest.raises(LayoutSearchError, match="cost_models=measured"):
+    with pytest.raises(LayoutSearchError, match=r"^megatron: these are the Megatron-LM backend's "
+                                                r"settings .*not a cost model; launch layouts "
+                                                r"with cost_models=measured"):
         build_cost_model("megatron")
 
 
