@@ -123,7 +123,8 @@ def test_replace_validates_and_names_unknown_fields() -> None:
     assert model.replace(vocab_size=2000).vocab_size == 2000
     with pytest.raises(LayoutSearchError, match=r"no field 'vocab'.*vocab_size"):
         model.replace(vocab=2000)
-    with pytest.raises(LayoutSearchError, match=r"vocab_size=-1"):
+    with pytest.raises(LayoutSearchError, match=r"^model 'tiny'\.vocab_size=-1: must be a "
+                                                r"positive integer"):
         model.replace(vocab_size=-1)
 
 

@@ -249,7 +249,9 @@ def test_config_file_builds_the_model(tmp_path):
                              measurements=str(tmp_path / "m.csv"), launcher="dry_run")
     assert isinstance(model, MeasuredCostModel) and model.top_k == 8
     assert model.settings.launcher == "dry_run"
-    with pytest.raises(layoutsearch.LayoutSearchError, match="unknown setting"):
+    with pytest.raises(layoutsearch.LayoutSearchError,
+                       match=r"^measured: unknown setting\(s\) topk for the measured cost model; "
+                             r"it takes .*, top_k$"):
         build_cost_model("measured", topk=3)
     # top_k means the best k: without a prescreen named, the analytic model ranks them
     # (unranked, the first k the space lists would be launched).

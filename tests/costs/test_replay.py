@@ -125,15 +125,19 @@ def test_scores_many_rows_in_order_on_the_callers_index(runs_csv: Path,
 
 
 def test_bad_files_and_configs_are_named(tmp_path: Path, measurement_row: dict[str, Any]) -> None:
-    with pytest.raises(LayoutSearchError, match="needs 'path'"):
+    with pytest.raises(LayoutSearchError, match=r"^replay: the replay cost model needs 'path', "
+                                                r"a measurement file \(CSV or Parquet"):
         build_cost_model("replay")
-    with pytest.raises(LayoutSearchError, match="does not exist"):
-        build_cost_model("replay", path=str(tmp_path / "missing.csv"))
-    with pytest.raises(LayoutSearchError, match="unknown setting"):
+    missing = tmp_path / "missing.csv"
+    with pytest.raises(LayoutSearchError, match=rf"^measurement file '{missing}' does not exist$"):
+        build_cost_model("replay", path=str(missing))
+    with pytest.raises(LayoutSearchError, match=r"^replay: unknown setting\(s\) pth for the "
+                                                r"replay cost model; it takes 'path'"):
         build_cost_model("replay", path="x.csv", pth="y.csv")
     bad = tmp_path / "bad.csv"
     _runs(measurement_row, {}, {"tp": "two"}).to_csv(bad, index=False)
-    with pytest.raises(LayoutSearchError, match=r"line 3, column 'tp'"):
+    with pytest.raises(LayoutSearchError, match=rf"{bad}: line 3, column 'tp': 'two' is not a "
+                                                r"positive integer"):
         build_cost_model("replay", path=str(bad))
 
 

@@ -448,7 +448,10 @@ def test_a_study_priced_by_other_constants_is_refused(tmp_path: Path) -> None:
     OptunaDriver(n_trials=2, storage=url, study_name="s", progress=False).run(problem)
     other = SearchProblem.build(problem.job, problem.space, build_cost_model("analytic_prior"),
                                 problem.clusters)
-    with pytest.raises(LayoutSearchError, match="cost_model"):
+    with pytest.raises(LayoutSearchError, match=r"^study 's' in .* was made for another search: "
+                                                r"cost_model: study 'analytic:\w+', this search "
+                                                r"'analytic:\w+'; use another "
+                                                r"driver.study_name or driver.storage$"):
         OptunaDriver(n_trials=2, storage=url, study_name="s", progress=False).run(other)
 
 
@@ -457,17 +460,20 @@ def test_bad_storage_urls_and_settings_are_named(tmp_path: Path,
     problem = make_problem(counting)
     for url in ("not a url", f"sqlite:///{tmp_path}/no/such/dir/x.db",
                 f"{tmp_path}/no/such/dir/x.log", "postgresql://nobody@127.0.0.1:1/none"):
-        with pytest.raises(LayoutSearchError, match=r"driver\.storage="):
+        with pytest.raises(LayoutSearchError, match=rf"^driver\.storage={re.escape(repr(url))}: "
+                                                    r"cannot open it \(.*\); use "
+                                                    r"sqlite:///study\.db, "):
             OptunaDriver(n_trials=2, storage=url, progress=False).run(problem)
     for url in (f"sqlite:///{tmp_path}/no/such/dir/x.db", f"{tmp_path}/no/such/dir/x.log"):
         with pytest.raises(LayoutSearchError, match=rf"folder '{tmp_path}/no/such/dir' does "
                                                     "not exist"):
             OptunaDriver(n_trials=2, storage=url, progress=False).run(problem)
-    with pytest.raises(LayoutSearchError, match="through a storage"):
+    with pytest.raises(LayoutSearchError, match=r"^driver\.n_workers=2: workers share a study "
+                                                r"through a storage; set driver\.storage="):
         OptunaDriver(n_workers=2)
     with pytest.raises(LayoutSearchError, match="unknown objective 'mfuu'"):
         build_driver({"name": "optuna", "objectives": ["mfuu"]})
-    with pytest.raises(LayoutSearchError, match="n_trials=0"):
+    with pytest.raises(LayoutSearchError, match=r"^driver\.n_trials=0: must be a positive integer"):
         build_driver("optuna", n_trials=0)
     with pytest.raises(LayoutSearchError, match="setting 'n_trails'; did you mean 'n_trials'"):
         build_driver("optuna", n_trails=5)
