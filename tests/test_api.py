@@ -151,7 +151,9 @@ def test_a_batch_that_some_layouts_divide_only_rejects_the_others() -> None:
 def test_a_feasible_search_does_not_warn() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", NoLayoutFitsWarning)
-        search(**JOB, tp=1, pp=1, micro_batch_size=1, attention="flash2")
+        result = search(**JOB, tp=1, pp=1, micro_batch_size=1, attention="flash2")
+    # 2 RMSNorm kernels x 2 recomputes (no SP twin at tp 1), every one fitting: no message.
+    assert len(result) == 4 and result["fits"].all() and result.attrs["message"] == ""
 
 
 def test_close_runners_up_of_the_analytic_model_get_a_note(ranked: pd.DataFrame) -> None:

@@ -77,10 +77,10 @@ def test_environment_that_overrides_a_layout_switch_is_refused(env, named):
 
 
 def test_flags_and_environment_commands_leave_alone_are_kept():
-    settings = MegatronSettings(
-        extra_args=("--no-gradient-accumulation-fusion", "--seed", "7", "--data-path", "x"),
-        env={"NCCL_IB_QPS_PER_CONNECTION": "4", "PYTHONPATH": "/opt/te"})
-    assert settings.extra_args[-2:] == ("--data-path", "x")
+    extra = ("--no-gradient-accumulation-fusion", "--seed", "7", "--data-path", "x")
+    env = {"NCCL_IB_QPS_PER_CONNECTION": "4", "PYTHONPATH": "/opt/te"}
+    settings = MegatronSettings(extra_args=extra, env=env)
+    assert settings.extra_args == extra and settings.env == env
 
 
 def test_repeating_what_every_command_carries_is_harmless():

@@ -46,4 +46,15 @@ def test_heatmap_cells_are_the_best_mfu_per_tp_pp(ranked: pd.DataFrame) -> None:
     image = next(a for a in fig.axes[0].get_children() if isinstance(a, AxesImage))
     values = np.ma.filled(image.get_array(), np.nan)
     assert np.nanmax(values) == pytest.approx(100 * ranked["mfu"].iloc[0])
-    assert np.isfinite(values).sum() >= 2
+    # Rows pp, columns tp, ascending; each cell the best MFU (%) of the layouts that fit
+    # there, blank where none does.
+    tps, pps = sorted(set(ranked["tp"])), sorted(set(ranked["pp"]))
+    assert values.shape == (len(pps), len(tps))
+    for i, pp in enumerate(pps):
+        for j, tp in enumerate(tps):
+            cell = ranked[(ranked["tp"] == tp) & (ranked["pp"] == pp) & ranked["fits"]]
+            if cell.empty:
+                assert np.isnan(values[i, j]), (tp, pp)
+            else:
+                assert values[i, j] == pytest.approx(100 * cell["mfu"].max()), (tp, pp)
+    assert np.isfinite(values).sum() >= 2 and np.isnan(values).any()
