@@ -6,6 +6,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import ClassVar
 
@@ -426,15 +427,33 @@ class FakeExecutor:
         return FakeJob([0] * self.parameters["nodes"])
 
 
-def test_slurm_launcher_submits_one_task_per_node(tmp_path):
+def test_slurm_launcher_submits_one_task_per_node(tmp_path, monkeypatch):
     settings = MegatronSettings(launcher="slurm", slurm={"slurm_partition": "gpu"})
     command = build_command(study_layout(128, 2, 4), study_job("llama_65b", 2048, 128), settings)
     launcher = SlurmLauncher(settings, executor_factory=FakeExecutor)
     log = launcher.run(Trial(name="t", command=command, log_path=tmp_path / "t.log"))
-    parameters, _, (_argv, env, _) = FakeExecutor.submitted[-1]
+    parameters, run_node, (argv, env, _) = FakeExecutor.submitted[-1]
     assert parameters["nodes"] == 16 and parameters["tasks_per_node"] == 1
     assert parameters["slurm_partition"] == "gpu" and env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     assert parse_log(log.text, returncode=log.returncode, warmup_iters=3).step_time_s == 1.5
+    # Each node's task runs torchrun with Slurm's rendezvous in place of the single-node
+    # rank and master: the first host scontrol names, the job's id, the settings' port.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'gpu017\\ngpu018\\n'\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[017-018]")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    seen = tmp_path / "argv.txt"
+    recorder = [sys.executable, "-c", f"import sys; open({str(seen)!r}, 'w').write("
+                                      "'\\n'.join(sys.argv[1:]))"]
+    assert argv[:3] == ["python", "-m", "torch.distributed.run"]
+    assert run_node([*recorder, *argv[3:]], env, str(tmp_path)) == 0
+    assert seen.read_text().splitlines() == [
+        "--nproc_per_node", "8", "--nnodes", "16", "--rdzv_backend", "c10d",
+        "--rdzv_id", "4242", "--rdzv_endpoint", "gpu017:29500",
+        str(settings.script_path), *command.argv]
 
 
 class InterruptedJob(FakeJob):
