@@ -112,11 +112,11 @@ def test_fidelity_on_the_study_runs_stays_at_its_measured_level() -> None:
     assert summary["top3_hits"] == summary["groups"]
 
 
-@pytest.mark.skipif(not RUNS.is_file(), reason="no shared measurements beside the checkout")
+@needs_study_runs
 def test_the_headroom_notes_figures_are_those_of_the_study_runs() -> None:
     # The headroom note tells a user how far from the limit a predicted fit ran out of
     # memory on the study's runs, by attention kernel: those figures must be the data's.
-    predicted = collapse_twins(layoutsearch.predict(RUNS))
+    predicted = collapse_twins(layoutsearch.predict(STUDY_RUNS))
     memory = predicted["gpu"].map(lambda gpu: clusters_by_gpu()[gpu].gpu.memory_gib)
     headroom = memory - predicted["predicted_peak_memory_gib"]
     wasted = predicted["predicted_fits"].astype(bool) & (predicted["status"] == "oom")
