@@ -30,7 +30,7 @@ import yaml
 from hydra._internal.utils import get_args_parser  # Hydra's own argv parser (stable in 1.3)
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override, OverrideType
+from hydra.core.override_parser.types import Glob, Override, OverrideType, ValueType
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -225,13 +225,13 @@ def _fail(error: LayoutSearchError) -> NoReturn:
     sys.exit(USER_ERROR_STATUS)
 
 
-def _group_choices(override: Override) -> Iterator[str]:
-    """The option names a group override selects (`model=a,b` -> a, b); globs are skipped."""
-    if override.is_sweep_override():
-        try:
-            yield from override.sweep_string_iterator()
-        except HydraException:  # glob(...) needs Hydra's repository; Hydra checks it
-            return
+def _group_choices(override: Override, options: Sequence[str]) -> Iterator[str]:
+    """The option names a group override selects: `model=a,b` -> a, b; a glob, those of the
+    group's `options` it matches, as Hydra expands it (`model=glob(llama*)`)."""
+    if override.value_type is ValueType.GLOB_CHOICE_SWEEP:
+        yield from cast(Glob, override.value()).filter(list(options))
+    elif override.is_discrete_sweep():
+        yield from override.sweep_string_iterator()
     elif isinstance(value := override.value(), str):
         yield value
 
@@ -254,12 +254,13 @@ SPEC_FIELDS = {"model": ModelSpec, "cluster": ClusterSpec, "cluster.gpu": GPUSpe
 """Config nodes whose every field a user may set, whether or not the YAML spells it out."""
 
 
-def _chosen_options(group: str, overrides: Sequence[Override]) -> list[str]:
+def _chosen_options(group: str, overrides: Sequence[Override],
+                    extra: Sequence[Path] = ()) -> list[str]:
     """The options of `group` the command selects: its `group=` choices, else the default."""
     given = [o for o in overrides if o.key_or_group == group]
     if given:
-        # A glob(...) sweep names no options here: none to check its settings against.
-        return [choice for o in given for choice in _group_choices(o)]
+        options = group_options(group, extra)
+        return [choice for o in given for choice in _group_choices(o, options)]
     primary = _primary_config()
     return [str(d[group]) for d in primary["defaults"] if isinstance(d, dict) and group in d]
 
@@ -284,7 +285,7 @@ def check_option_files(overrides: Sequence[Override], extra: Sequence[Path]) -> 
     """Parse every option the command chooses as Hydra will (OmegaConf also refuses a
     duplicate key), so a broken file is named with its line, not in Hydra's traceback."""
     for group in GROUP_DIRS:
-        for option in _chosen_options(group, overrides):
+        for option in _chosen_options(group, overrides, extra):
             path = _option_file(group, option, extra)
             if path is None:
                 continue
@@ -307,7 +308,7 @@ def _chosen_settings(group: str, overrides: Sequence[Override],
     """The options of `group` the command selects (the default's unless it says; several
     in a sweep), each with its keys."""
     return {name: list(_option_config(group, name, extra))
-            for name in _chosen_options(group, overrides)}
+            for name in _chosen_options(group, overrides, extra)}
 
 
 def check_setting_key(override: Override, group: str, chosen: Mapping[str, Sequence[str]],
@@ -374,6 +375,14 @@ def _parsed(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Override]]:
         raise LayoutSearchError(
             f"{sweeps[0]}: a sweep over values needs --multirun (-m); for one run with a list "
             "use key=[a,b], for a text with a comma quote it: key='a,b'")
+    for override in overrides:
+        # A glob's options are known only with the group's folders (check_group_choices).
+        if (override.is_discrete_sweep() and override.value_type is not
+                ValueType.GLOB_CHOICE_SWEEP and next(override.sweep_string_iterator(), None)
+                is None):
+            raise LayoutSearchError(
+                f"{override.input_line}: the sweep has no values, so no job would run; "
+                "range(start, stop, step) stops before stop, e.g. range(8, 65, 8) is 8 to 64")
     return args, overrides
 
 
@@ -457,7 +466,13 @@ def check_group_choices(argv: Sequence[str]) -> None:
             group = override.key_or_group
             raise LayoutSearchError(f"{group}={override.value() or 'null'}: a {group} must be "
                                     f"chosen; options: {', '.join(options)}")
-        for choice in _group_choices(override):
+        choices = list(_group_choices(override, options))
+        if not choices:
+            # Hydra would launch no job and exit 0, as if the sweep had run.
+            raise LayoutSearchError(
+                f"{override.input_line}: matches no {override.key_or_group} option, so no job "
+                f"would run; options: {', '.join(offered_options(override.key_or_group, extra))}")
+        for choice in choices:
             if choice not in options:
                 raise LayoutSearchError(unknown_name_message(
                     override.key_or_group, choice, offered_options(override.key_or_group, extra)

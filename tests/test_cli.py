@@ -331,8 +331,24 @@ def test_a_setting_of_one_option_of_a_sweep_is_refused_before_any_job(drivers: s
         with pytest.raises(LayoutSearchError, match="unknown driver 'optuan'; did you mean "
                                                     "'optuna'"):
             check_group_choices(["-m", *argv])
-    # A glob names no options here: Hydra expands it, and checks its settings.
+    # A glob is expanded over the group's options, as Hydra expands it.
     check_group_choices(["-m", "driver=glob(opt*)", "driver.n_trials=5"])
+    with pytest.raises(LayoutSearchError, match="the sweep's driver=grid has no setting"):
+        check_group_choices(["-m", "driver=glob(*)", "driver.n_trials=5"])
+
+
+@pytest.mark.parametrize(("sweep", "message"), [
+    ("model=glob(lama2_*)", "model=glob(lama2_*): matches no model option, so no job would "
+                            "run; options: gpt3_175b, "),
+    ("num_gpus=range(8,8)", "num_gpus=range(8,8): the sweep has no values, so no job would run"),
+])
+def test_a_sweep_that_would_run_no_job_is_refused(sweep: str, message: str,
+                                                  tmp_path: Path) -> None:
+    # Hydra launches no job and exits 0, as if the sweep had run.
+    with pytest.raises(LayoutSearchError, match=re.escape(message)):
+        check_group_choices(["-m", sweep])
+    done = layoutsearch("-m", sweep, f"hydra.sweep.dir={tmp_path}", cwd=tmp_path)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_cost_model_setting_under_another_model_names_the_model_that_has_it() -> None:
