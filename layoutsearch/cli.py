@@ -261,6 +261,11 @@ def _chosen_options(group: str, overrides: Sequence[Override],
     if given:
         options = group_options(group, extra)
         return [choice for o in given for choice in _group_choices(o, options)]
+    return _default_options(group)
+
+
+def _default_options(group: str) -> list[str]:
+    """The option of `group` that the primary config chooses (none where it chooses none)."""
     primary = _primary_config()
     return [str(d[group]) for d in primary["defaults"] if isinstance(d, dict) and group in d]
 
@@ -340,20 +345,44 @@ def check_setting_key(override: Override, group: str, chosen: Mapping[str, Seque
     raise LayoutSearchError(unknown_name_message(f"{group}={option} setting", name, keys))
 
 
-def _left_to_defaults(override: Override, overrides: Sequence[Override]) -> bool:
-    """Whether `override` sets a spec field that a chosen option's YAML leaves out."""
-    parent, _, name = override.key_or_group.rpartition(".")
-    cls = SPEC_FIELDS.get(parent)
-    if cls is None or name not in {f.name for f in dataclasses.fields(cls)}:
-        return False
-    group, *inner = parent.split(".")
-    for option in _chosen_options(group, overrides):
-        node: Any = _option_config(group, option)
-        for key in inner:
-            node = node.get(key) if isinstance(node, dict) else None
-        if not isinstance(node, dict) or name not in node:
-            return True
-    return False
+def _has_key(group: str, option: str, path: Sequence[str],
+             extra: Sequence[Path] = ()) -> bool:
+    """Whether the YAML of `option` spells out the key at `path` below the group."""
+    node: Any = _option_config(group, option, extra)
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return True
+
+
+def _left_to_defaults(override: Override, overrides: Sequence[Override],
+                      extra: Sequence[Path] = ()) -> bool:
+    """Whether `override` sets a key that a YAML Hydra sets it on leaves out, though it is
+    valid: a spec field the chosen option leaves to the spec's defaults, or a setting that
+    every option of a sweep over the group has and the primary config's default lacks.
+
+    A --multirun composes its own config before it expands the sweeps: from the primary
+    config's default options, with the overrides that are no sweeps (the defaults list
+    skips sweep overrides, hydra/_internal/defaults_list.py), so `-m driver=optuna,mine
+    driver.n_trials=5` sets n_trials on the grid driver too, and Hydra stops the sweep.
+    """
+    group, *path = override.key_or_group.split(".")
+    if not path:
+        return False  # a group's choice or a top-level setting
+    swept = any(o.key_or_group == group and o.is_sweep_override() for o in overrides)
+    cls = SPEC_FIELDS.get(".".join([group, *path[:-1]]))
+    if cls is not None:
+        if path[-1] not in {f.name for f in dataclasses.fields(cls)}:
+            return False
+        composed = [*_chosen_options(group, overrides, extra),
+                    *(_default_options(group) if swept else [])]
+        return not all(_has_key(group, option, path, extra) for option in composed)
+    # Settings of other groups: check_setting_key has made sure each swept option has it.
+    return (group in SETTING_GROUPS and swept
+            and all(_has_key(group, o, path, extra)
+                    for o in _chosen_options(group, overrides, extra))
+            and not all(_has_key(group, o, path, extra) for o in _default_options(group)))
 
 
 def _parsed(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Override]]:
@@ -387,16 +416,18 @@ def _parsed(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Override]]:
 
 
 def settable_spec_fields(argv: Sequence[str]) -> list[str]:
-    """`argv` with `model.X=v` made `++model.X=v` where the chosen YAML leaves field X out.
+    """`argv` with `model.X=v` made `++model.X=v` where a YAML Hydra sets it on leaves X out.
 
     The catalog's YAML files spell out the fields that differ between models and leave
     the rest to the spec's defaults, so Hydra's struct mode would refuse to set those
     (`model.position_embedding_type=rope`); `++` sets a key whether or not it is there.
+    A sweep also has Hydra set it on the group's default option (`_left_to_defaults`).
     """
     args, overrides = _parsed(argv)
     given = dict(zip(args.overrides, overrides, strict=True))
+    extra = user_config_folders(args, overrides) or ()
     return [f"++{item}" if item in given and given[item].type is OverrideType.CHANGE
-            and _left_to_defaults(given[item], overrides) else item for item in argv]
+            and _left_to_defaults(given[item], overrides, extra) else item for item in argv]
 
 
 def check_key(override: Override, known: Mapping[str, list[str]]) -> None:

@@ -383,6 +383,33 @@ def test_spec_fields_the_yaml_leaves_out_can_be_set(tmp_path: Path) -> None:
     assert (tmp_path / "ranked.csv").is_file()
 
 
+def test_a_setting_of_every_swept_option_is_set_though_the_default_option_lacks_it(
+        tmp_path: Path) -> None:
+    # A multirun composes its own config from the default options (llama_13b, grid) with
+    # the overrides that are no sweeps; struct mode would refuse the key there.
+    folder = tmp_path / "conf"
+    (folder / "driver").mkdir(parents=True)
+    (folder / "driver" / "my_optuna.yaml").write_text(
+        (GROUP_DIRS["driver"]() / "optuna.yaml").read_text().replace("sampler: tpe",
+                                                                      "sampler: random"))
+    argv = ["-m", "--config-dir", str(folder), "model=llama3_8b,llama3_70b",
+            "model.rotary_base=1000000", "driver=optuna,my_optuna", "driver.n_trials=2",
+            "num_gpus=64"]
+    assert settable_spec_fields(argv) == [
+        *argv[:4], "++model.rotary_base=1000000", "driver=optuna,my_optuna",
+        "++driver.n_trials=2", "num_gpus=64"]
+    # Without a sweep over the group, the options' own keys need no adding.
+    plain = ["model=llama3_8b", "model.rotary_base=1000000", "driver=optuna",
+             "driver.n_trials=2"]
+    assert settable_spec_fields(plain) == plain
+    done = layoutsearch(*argv, FAST, f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = pd.read_csv(tmp_path / "sweep" / "multirun.csv")
+    assert list(summary["tried"]) == [2, 2, 2, 2]
+    ranked = pd.read_csv(tmp_path / "sweep" / "3" / "ranked.csv")
+    assert "--rotary-base 1000000" in ranked["megatron_args"].iloc[0]
+
+
 def test_every_group_option_is_listed_by_name() -> None:
     assert "llama_13b" in group_options("model")
     assert "a100_80gb" in group_options("cluster")
