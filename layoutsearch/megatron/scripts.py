@@ -20,6 +20,7 @@ from layoutsearch.errors import LayoutSearchError
 from layoutsearch.megatron.args import MegatronCommand
 from layoutsearch.megatron.settings import MegatronSettings
 from layoutsearch.megatron.slurm_options import (
+    KILL_ON_BAD_EXIT,
     sbatch_options,
     sbatch_quote,
     sbatch_seconds,
@@ -182,7 +183,8 @@ def sbatch_script(command: MegatronCommand, settings: MegatronSettings, label: s
         f"MASTER_PORT={settings.master_port}",
         "export MASTER_ADDR MASTER_PORT",
         *_lenient(script_lines(settings.slurm, "setup")),
-        *_then_teardown(f"srun --ntasks-per-node=1 {shlex.join(torchrun)} {rendezvous} {tail}",
+        *_then_teardown(f"srun --ntasks-per-node=1 {KILL_ON_BAD_EXIT} {shlex.join(torchrun)} "
+                        f"{rendezvous} {tail}",
                         _lenient(script_lines(settings.slurm, "teardown"))),
         "",
     ])

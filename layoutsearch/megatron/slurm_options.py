@@ -228,6 +228,14 @@ SLURM_DEFAULTS: dict[str, Any] = {"slurm_exclusive": True}
 slows the step time being measured. `slurm_exclusive: false` leaves it out."""
 
 
+KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
+"""srun's option that ends a step's other tasks once one exits with an error. Without it a
+node whose ranks fail (out of memory on one pipeline stage) leaves the others' ranks
+waiting in NCCL collectives until their timeout (10 minutes by Megatron-LM's
+--distributed-timeout-minutes), holding every node of the job; torchrun's c10d rendezvous
+does not stop them."""
+
+
 def with_slurm_defaults(slurm: Mapping[str, Any]) -> dict[str, Any]:
     """The user's Slurm settings over SLURM_DEFAULTS: one policy for scripts and submitit."""
     return {**SLURM_DEFAULTS, **slurm}
@@ -249,7 +257,9 @@ def submitit_parameters(slurm: Mapping[str, Any], *, nodes: int, gpus_per_node: 
         if _bare(key) == "additional_parameters":
             value = {k: v for k, v in value.items() if v is not None and v is not False}
         user[key] = value
+    srun_args = [KILL_ON_BAD_EXIT, *(user.pop("slurm_srun_args", None) or [])]
     return {
         "nodes": nodes, "tasks_per_node": 1, "gpus_per_node": gpus_per_node,
         "timeout_min": whole_minutes(time_limit_s), "name": name, **user,
+        "slurm_srun_args": srun_args,
     }

@@ -78,7 +78,9 @@ def test_multi_node_sbatch_script_uses_slurm_rendezvous(tmp_path):
     assert "#SBATCH --partition=gpu" in text
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in text
     srun = text.strip().splitlines()[-1]
-    assert srun.startswith("srun --ntasks-per-node=1")
+    # One node's failure (an OOM on one pipeline stage) ends the others' ranks at once,
+    # instead of leaving them in NCCL until its timeout, holding the nodes.
+    assert srun.startswith("srun --ntasks-per-node=1 --kill-on-bad-exit=1 ")
     assert '--rdzv_id "$SLURM_JOB_ID" --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT"' in srun
     argv = shlex.split(srun)
     script = argv.index(str(settings.script_path))
@@ -435,6 +437,7 @@ def test_slurm_launcher_submits_one_task_per_node(tmp_path, monkeypatch):
     parameters, run_node, (argv, env, _) = FakeExecutor.submitted[-1]
     assert parameters["nodes"] == 16 and parameters["tasks_per_node"] == 1
     assert parameters["slurm_partition"] == "gpu" and env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert parameters["slurm_srun_args"] == ["--kill-on-bad-exit=1"]  # as the sbatch script
     assert parse_log(log.text, returncode=log.returncode, warmup_iters=3).step_time_s == 1.5
     # Each node's task runs torchrun with Slurm's rendezvous in place of the single-node
     # rank and master: the first host scontrol names, the job's id, the settings' port.
@@ -502,6 +505,7 @@ def test_slurm_parameters_are_submitits_and_agree_with_the_sbatch_script(tmp_pat
     slurm = {"name": "probe", "timeout_min": 90, "mem_gb": 1.5, "cpus_per_task": 12,
              "slurm_partition": "gpu", "slurm_exclusive": True, "slurm_signal_delay_s": 120,
              "slurm_requeue": False, "slurm_qos": "high", "slurm_setup": ["module load cuda"],
+             "slurm_srun_args": ["--verbose"],
              "slurm_additional_parameters": {"reservation": "my_res", "qos": "low",
                                              "comment": None}}
     settings = MegatronSettings(launcher="slurm", slurm=slurm)
@@ -519,6 +523,8 @@ def test_slurm_parameters_are_submitits_and_agree_with_the_sbatch_script(tmp_pat
     assert "#SBATCH --qos=low" in ours and not any(
         "requeue" in line or "comment" in line for line in theirs)
     assert "module load cuda" in theirs
+    srun = next(line for line in theirs if line.startswith("srun "))
+    assert "--kill-on-bad-exit=1 --verbose" in srun  # ours, then the user's srun_args
 
 
 def test_slurm_launcher_time_limit_rounds_up_and_the_users_wins(tmp_path):
