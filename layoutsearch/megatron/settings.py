@@ -204,10 +204,11 @@ def _coerce(values: Mapping[str, Any], where: str) -> dict[str, Any]:
             f"{where}: {', '.join(knobs)} is a layout knob, not a Megatron-LM setting: set it "
             f"in the search space (e.g. {knobs[0]}: [true]) or pin it ({knobs[0]}=...)")
     if unknown:
+        # The first misspelt name with the closest known one, as the command's own keys are.
+        first, *others = sorted(unknown, key=str)
+        more = f"; also unknown: {', '.join(map(repr, others))}" if others else ""
         raise LayoutSearchError(
-            f"{where}: unknown setting(s) {', '.join(sorted(map(str, unknown)))}; "
-            f"known: {', '.join(sorted(known))}"
-        )
+            f"{where}: {unknown_name_message('Megatron-LM setting', first, known)}{more}")
     return {k: v for k, v in values.items() if k != "_target_"}
 
 

@@ -268,6 +268,13 @@ def test_a_knob_in_the_megatron_settings_says_where_it_belongs():
         MegatronSettings.from_dict({"overlap_grad_reduce": True})
 
 
+def test_a_misspelt_megatron_setting_is_named_with_the_closest_one():
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            "site.yaml: unknown Megatron-LM setting 'launcer'; did you mean 'launcher'? valid "
+            "Megatron-LM setting names: env, ") + r".*; also unknown: 'megatron_paht'$"):
+        MegatronSettings.from_dict({"launcer": "local", "megatron_paht": "/opt/m"}, "site.yaml")
+
+
 def _rules(argv: list[str], env: dict[str, str] | None = None, world: int = 64) -> set[str]:
     return {p.rule for p in validate_argv(argv, env=env or {}, world_size=world)}
 
