@@ -498,8 +498,9 @@ def check_group_choices(argv: Sequence[str]) -> None:
             raise LayoutSearchError(f"{group}={override.value() or 'null'}: a {group} must be "
                                     f"chosen; options: {', '.join(options)}")
         choices = list(_group_choices(override, options))
-        if not choices:
-            # Hydra would launch no job and exit 0, as if the sweep had run.
+        if not choices and override.value_type is ValueType.GLOB_CHOICE_SWEEP:
+            # Hydra would launch no job and exit 0, as if the sweep had run. (A mapping,
+            # `model={num_layers: 48}`, sets the default option's keys: it chooses none.)
             raise LayoutSearchError(
                 f"{override.input_line}: matches no {override.key_or_group} option, so no job "
                 f"would run; options: {', '.join(offered_options(override.key_or_group, extra))}")

@@ -351,6 +351,17 @@ def test_a_sweep_that_would_run_no_job_is_refused(sweep: str, message: str,
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_mapping_set_on_a_group_is_no_sweep_that_matches_nothing(tmp_path: Path) -> None:
+    # Hydra merges `model={...}` into the default option's config: it chooses no option,
+    # and a job runs.
+    argv = ["model={num_layers:48,hidden_size:6400}", FAST, f"hydra.run.dir={tmp_path}"]
+    check_group_choices(argv)
+    done = layoutsearch(*argv, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "--num-layers 48 --hidden-size 6400" in pd.read_csv(
+        tmp_path / "ranked.csv")["megatron_args"].iloc[0]
+
+
 def test_a_cost_model_setting_under_another_model_names_the_model_that_has_it() -> None:
     # Not the Megatron-LM settings file of cost_models/, which is not a cost model.
     with pytest.raises(LayoutSearchError, match=re.escape(
