@@ -82,10 +82,11 @@ def collapse_twins(frame: pd.DataFrame) -> pd.DataFrame:
             "score the rows of a measurement file with layoutsearch.predict() first")
     _one_job_per_group(frame)
     rows, keys = _effective_layouts(frame)
-    # Spelt as the rows were (a CSV of predictions read back as text, say): the string
-    # "False" would count as true.
-    rows["predicted_fits"] = as_bool(frame, "predicted_fits", "fidelity input")
     rows = rows[rows["status"].isin(["ok", "oom"])]
+    # Spelt as the rows were (a CSV of predictions read back as text, say): the string
+    # "False" would count as true. Only the rows scored need a call: one that did not run
+    # (unavailable, error, timeout) may have no prediction.
+    rows["predicted_fits"] = as_bool(rows, "predicted_fits", "fidelity input")
     rows["ran"] = rows["status"] == "ok"
     # Every prediction is averaged over twins, save the go/no-go call and the reason.
     predictions = {c: "mean" for c in rows.columns if c.startswith("predicted_")

@@ -146,6 +146,9 @@ def test_predictions_read_back_as_text_keep_their_fit_calls(runs: pd.DataFrame) 
     with pytest.raises(LayoutSearchError, match=r"index 2, column 'predicted_fits': an empty "
                                                 r"cell is not a boolean"):
         fidelity(runs.assign(predicted_fits=runs["predicted_fits"].where(runs.index != 2)))
+    # A run that is left out (index 6, unavailable) needs no call: a tool may leave it blank.
+    unpredicted = runs["predicted_fits"].astype(str).where(runs["status"] != "unavailable")
+    assert fidelity(runs.assign(predicted_fits=unpredicted))[1] == summary
 
 
 def test_a_row_predicted_to_fit_without_a_predicted_mfu_is_not_ranked() -> None:
