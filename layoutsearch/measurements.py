@@ -317,11 +317,13 @@ def _check_recompute_layers(t: pd.DataFrame, source: str, rows: Sequence[str]) -
     recompute, or chunks of layers) are no layout layoutsearch prices: read as `full`, their
     step time and memory would price another layout. Without a full recompute Megatron-LM
     takes no layer count, so the cell is not read."""
-    layers = _as_float(t, "recompute_num_layers", source, rows)
-    bad = (t["recompute"] == "full") & layers.notna() & (layers != 1)
+    full = (t["recompute"] == "full").to_numpy()
+    full_rows = [row for row, is_full in zip(rows, full, strict=True) if is_full]
+    layers = _as_float(t[full], "recompute_num_layers", source, full_rows)
+    bad = layers.notna() & (layers != 1)
     if bad.any():
         i = _first(bad)
-        raise _fail(source, rows[i], "recompute_num_layers",
+        raise _fail(source, full_rows[i], "recompute_num_layers",
                     f"{layers.iloc[i]:g} with recompute 'full' is "
                     "no layout layoutsearch prices: its 'full' recomputes every layer, one "
                     "per checkpoint (--recompute-method uniform --recompute-num-layers 1); "

@@ -434,12 +434,17 @@ def test_a_partial_full_recompute_is_refused_not_priced_as_full(
 ) -> None:
     full = {**measurement_row, "recompute": "full", "step_time_s": 40.0, "mfu": 0.45}
     rows = [{**full, "recompute_num_layers": 1}, {**full, "tp": 4, "dp": 16},
-            {**measurement_row, "recompute_num_layers": 2}]  # not read without full
-    assert len(read_measurements(write(tmp_path, rows))) == 3
+            {**measurement_row, "recompute_num_layers": 2},  # not read without full
+            {**measurement_row, "tp": 4, "dp": 16, "recompute_num_layers": "-"}]
+    assert len(read_measurements(write(tmp_path, rows))) == 4
     rows.append({**full, "tp": 8, "dp": 8, "recompute_num_layers": 4})
-    with pytest.raises(LayoutSearchError, match=r"line 5, column 'recompute_num_layers': 4 with "
+    with pytest.raises(LayoutSearchError, match=r"line 6, column 'recompute_num_layers': 4 with "
                                                 r"recompute 'full' is no layout layoutsearch "
                                                 r"prices"):
+        read_measurements(write(tmp_path, rows))
+    rows[-1]["recompute_num_layers"] = "all"
+    with pytest.raises(LayoutSearchError, match=r"line 6, column 'recompute_num_layers': 'all' "
+                                                r"is not a number"):
         read_measurements(write(tmp_path, rows))
 
 
