@@ -238,11 +238,18 @@ def validate_measurements(
     return out
 
 
-def _refuse_repeated_columns(source: str, names: Collection[object]) -> None:
-    """Refuse a column named twice: which of the two would be the row's value? Neither can
-    be taken on trust. Unnamed columns (a spreadsheet's trailing empty ones) are left be."""
+READ_COLUMNS = (*REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS, "recompute_num_layers")
+"""The columns layoutsearch reads a value from; others are kept as they are."""
+
+
+def _refuse_repeated_columns(source: str, names: Collection[object],
+                             among: Collection[str] | None = None) -> None:
+    """Refuse a column named twice (of those `among`, default all): which of the two would
+    be the row's value? Neither can be taken on trust. Unnamed columns (a spreadsheet's
+    trailing empty ones) are left be."""
     named = [str(name) for name in names if str(name).strip()]
-    repeated = sorted({name for name in named if named.count(name) > 1})
+    repeated = sorted({name for name in named if named.count(name) > 1
+                       and (among is None or name in among)})
     if repeated:
         raise LayoutSearchError(
             f"{source}: column(s) {', '.join(map(repr, repeated))} appear more than once; "
@@ -469,8 +476,9 @@ def _record_lines(path: Path) -> list[int]:
                         header = record
                         _refuse_other_delimiters(path, header)
                         # pandas would read a repeated name as 'tp.1', an unknown column
-                        # kept, and take the first 'tp' as the row's value.
-                        _refuse_repeated_columns(str(path), header)
+                        # kept, and take the first 'tp' as the row's value; a repeated
+                        # column of the user's own ('comment', 'comment.1') is kept.
+                        _refuse_repeated_columns(str(path), header, READ_COLUMNS)
                     else:
                         starts.append(end + 1)
                         _refuse_extra_cells(path, end + 1, header, record)

@@ -427,6 +427,11 @@ def test_a_column_repeated_in_a_csv_header_is_named(
     # A header's unnamed trailing columns (a spreadsheet's empty ones) are no repeat.
     path.write_text(f"{header[:-4]},,\n{line[:-3]},,\n")
     assert read_measurements(path)["tp"].tolist() == [2]
+    # Nor is a column of the user's own that layoutsearch does not read: both are kept.
+    path.write_text(f"{header[:-4]},note,note\n{line[:-3]},a,b\n")
+    read = read_measurements(path)
+    assert (read["tp"].tolist(), read["note"].tolist(), read["note.1"].tolist()) == (
+        [2], ["a"], ["b"])
 
 
 def test_a_partial_full_recompute_is_refused_not_priced_as_full(
