@@ -51,6 +51,10 @@ JOB_SHAPE = frozenset({"nodes", "tasks_per_node", "ntasks_per_node", "ntasks", "
 """Names (without `slurm_`) that would change how many ranks run where: set by the layout."""
 SCRIPT_LINES = ("setup", "teardown")
 """`slurm_setup` / `slurm_teardown`: lists of shell lines, not options."""
+LIST_SETTINGS = {"setup": "a list of shell lines, e.g. ['module load cuda']",
+                 "teardown": "a list of shell lines, e.g. ['echo done']",
+                 "srun_args": "a list of srun options, e.g. ['--cpu-bind=none']"}
+"""Settings that are lists of strings (a string would be split into its characters)."""
 SUBMITIT_ONLY = frozenset({"signal_delay_s", "array_parallelism", "srun_args", "use_srun",
                            "stderr_to_stdout"})
 """submitit settings with no sbatch option of their own."""
@@ -132,11 +136,10 @@ def check_slurm_settings(slurm: Mapping[str, Any]) -> None:
             if name not in SCRIPT_LINES and name not in SUBMITIT_ONLY:
                 _check_option_value(shown, option)
         _check_type(key, value)
-        if bare in SCRIPT_LINES and (isinstance(value, str | Mapping) or not all(
-                isinstance(line, str) for line in value)):
+        if bare in LIST_SETTINGS and (isinstance(value, str | Mapping) or not all(
+                isinstance(item, str) for item in value)):
             raise LayoutSearchError(
-                f"megatron.slurm.{key}={value!r}: must be a list of shell lines, "
-                "e.g. ['module load cuda']")
+                f"megatron.slurm.{key}={value!r}: must be {LIST_SETTINGS[bare]}")
 
 
 def _mem(value: Any) -> str:

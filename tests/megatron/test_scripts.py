@@ -318,6 +318,15 @@ def test_slurm_setup_must_be_shell_lines():
         MegatronSettings(slurm={"slurm_setup": "module load cuda"})
 
 
+def test_slurm_srun_args_must_be_a_list_of_options():
+    # A string would reach srun one character at a time ('-', '-', 'c', ...).
+    with pytest.raises(LayoutSearchError, match=r"megatron.slurm.slurm_srun_args="
+                       r"'--cpu-bind=none': must be a list of srun options, e.g. "
+                       r"\['--cpu-bind=none'\]"):
+        MegatronSettings(slurm={"slurm_srun_args": "--cpu-bind=none"})
+    assert MegatronSettings(slurm={"slurm_srun_args": ["--cpu-bind=none"]})
+
+
 def test_explicit_slurm_time_must_be_an_sbatch_time():
     with pytest.raises(LayoutSearchError, match=r"megatron.slurm.slurm_time='half an hour': "
                        "not an sbatch time"):
