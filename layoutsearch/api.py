@@ -21,6 +21,7 @@ from layoutsearch.costs import CostModel, build_cost_model
 from layoutsearch.costs.analytic import AnalyticCostModel
 from layoutsearch.costs.constants import constants_path
 from layoutsearch.costs.measured import MeasuredCostModel
+from layoutsearch.costs.replay import ReplayCostModel
 from layoutsearch.drivers import Driver, GridDriver, build_driver
 from layoutsearch.errors import LayoutSearchError, closest_names
 from layoutsearch.layout import Layout
@@ -190,6 +191,9 @@ def search(
     ranked.attrs["fabric_note"] = _fabric_note(ranked, scorer, job)
     ranked.attrs["failed_launches_note"] = failed_launches_note(ranked)
     ranked.attrs["rejected_commands_note"] = rejected_commands_note(ranked)
+    ranked.attrs["coverage_note"] = (
+        scorer.coverage_note(problem.feasible_candidates().drop(columns="rule_reason"),
+                             clusters) if isinstance(scorer, ReplayCostModel) else "")
     ranked.attrs["batch_note"] = batch_note(ranked, job,
                                             _rescore(job, space, scorer, clusters, settings))
     ranked.attrs[NOTED_FOR] = notes_key(ranked)

@@ -92,21 +92,32 @@ def _unknown_job(job: pd.Series, measured_jobs: pd.DataFrame, source: str) -> st
             f"job{'s' * (jobs != 1)}): this job has " + ", ".join(fields))
 
 
-def _unseen_values(keys: pd.DataFrame, measured: pd.DataFrame) -> np.ndarray:
-    """For each row, a layout value no run of its job has ("knob=value"; "" where each
-    value was run): a space that asks for what the file never ran (overlap_grad_reduce=True
-    against runs without it) says so, not merely "unmeasured". Of several, the knob whose
-    unrun values leave the most rows unpriced is named: the one to pin first."""
+def _unrun(keys: pd.DataFrame, measured: pd.DataFrame) -> dict[str, np.ndarray]:
+    """For each layout column, whether each row's value of it is one no run of its job has."""
     unrun = {}
     for column in LAYOUT_COLUMNS:
         on = [*JOB_KEY, column]
         unrun[column] = keys[on].merge(measured[on].drop_duplicates().assign(_ran=True),
                                        on=on, how="left")["_ran"].isna().to_numpy()
+    return unrun
+
+
+def _unseen_values(keys: pd.DataFrame, measured: pd.DataFrame) -> np.ndarray:
+    """For each row, a layout value no run of its job has ("knob=value"; "" where each
+    value was run): a space that asks for what the file never ran (overlap_grad_reduce=True
+    against runs without it) says so, not merely "unmeasured". Of several, the knob whose
+    unrun values leave the most rows unpriced is named: the one to pin first."""
+    unrun = _unrun(keys, measured)
     out = np.full(len(keys), "", dtype=object)
     for column in sorted(unrun, key=lambda c: -int(unrun[c].sum())):
         first = unrun[column] & (out == "")
         out[first] = column + "=" + keys[column].astype(str).to_numpy()[first]
     return out
+
+
+def _values(values: pd.Series) -> list[Any]:
+    """A column's distinct values, sorted."""
+    return sorted(pd.unique(values).tolist())
 
 
 class ReplayCostModel:
@@ -156,6 +167,48 @@ class ReplayCostModel:
         is one merge, so this is `score` with the figures left out."""
         reasons = self.score(candidates, clusters)["cost_reason"].astype(str)
         return reasons.where(reasons.str.startswith(UNMEASURED), "")
+
+    def coverage_note(self, candidates: pd.DataFrame,
+                      clusters: Mapping[str, ClusterSpec]) -> str:
+        """How many of `candidates` (a search's layouts that pass the rules) the file
+        measured, when it did not measure them all; when it measured fewer than half, the
+        knob values its runs of their job never have and the pin that keeps a search to
+        the values it ran. "" when it measured every one, or holds no runs of their job
+        (the no-fit message says so)."""
+        if candidates.empty:
+            return ""
+        keys = _canonical(candidates)
+        jobs = keys[list(JOB_KEY)].drop_duplicates()
+        runs = self.measured.merge(jobs, on=list(JOB_KEY))  # this search's job, not others
+        if runs.empty:
+            return ""
+        measured = int(self.score(candidates, clusters)["measured_runs"].gt(0).sum())
+        unmeasured = len(keys) - measured
+        if not unmeasured:
+            return ""
+        note = (f"{self.source} measured {measured} of the {len(keys)} layouts of the space "
+                f"that pass the rules for this job; the other {unmeasured} "
+                f"{'has' if unmeasured == 1 else 'have'} no figures "
+                "(unmeasured, never guessed): the ranking is of the measured ones alone.")
+        if 2 * unmeasured <= len(keys):
+            return note
+        never, pins = [], []
+        unruns = _unrun(keys, runs)
+        # dp follows from tp, pp and cp (it cannot be pinned); the knob leaving the most
+        # layouts unmeasured first, as the rows' reasons name it.
+        for column in sorted(set(unruns) - {"dp"}, key=lambda c: (-int(unruns[c].sum()),
+                                                                 LAYOUT_COLUMNS.index(c))):
+            unrun = unruns[column]
+            if not unrun.any():
+                continue
+            never.append(f"{column}={' or '.join(map(str, _values(keys[column][unrun])))}")
+            # Of the space's values, those the file ran; or, where it ran none, its own.
+            ran = keys[column][~unrun]
+            pinned = ",".join(map(str, _values(ran if len(ran) else runs[column])))
+            pins.append(f"{column}=[{pinned}]")
+        return (f"{note} Its runs of this job never have {', '.join(never)}; pin "
+                f"{' '.join(pins)} (search_spaces.<knob>=[...] on the command line) to keep "
+                "the search to the knob values it ran.")
 
     def score(
         self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec]

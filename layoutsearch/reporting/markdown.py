@@ -67,7 +67,7 @@ NOTE_TITLES = {
     "close_call_note": "A close call", "fabric_note": "The fabric",
     "mfu_convention_note": "MFU at long context", "failed_launches_note": "Failed launches",
     "rejected_commands_note": "Commands Megatron-LM would reject",
-    "batch_note": "The global batch",
+    "batch_note": "The global batch", "coverage_note": "What the measurements cover",
 }
 """`ranked.attrs` texts the job section shows, in this order, each under its title."""
 

@@ -44,7 +44,8 @@ NOTES_FILE = "notes.yaml"
 NOTE_TAGS = {"headroom_note": "tight memory", "close_call_note": "close call",
              "fabric_note": "slow fabric", "mfu_convention_note": "long-context MFU",
              "dry_run_note": "dry run", "failed_launches_note": "failed launches",
-             "rejected_commands_note": "commands rejected", "batch_note": "batch caps dp"}
+             "rejected_commands_note": "commands rejected", "batch_note": "batch caps dp",
+             "coverage_note": "partly measured"}
 """`ranked.attrs` notes a job records, with the tag the sweep table shows for each."""
 NO_FIT_NOTE = "message"
 """`ranked.attrs` entry that says why nothing fits and what to change (api.search)."""

@@ -13,6 +13,7 @@ import layoutsearch
 from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs import PREDICTION_COLUMNS, ReplayCostModel, build_cost_model
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.rules import violations
 
 
 def _runs(base: dict[str, Any], *changes: dict[str, Any]) -> pd.DataFrame:
@@ -198,3 +199,58 @@ def test_an_unknown_cost_model_lists_the_cost_models_only() -> None:
     with pytest.raises(LayoutSearchError, match=r"did you mean 'analytic'\? valid cost model "
                        r"names: analytic, analytic_prior, measured, replay$"):
         build_cost_model("analytc")
+
+
+def _replay_search(path: Path, **pins: Any) -> pd.DataFrame:
+    """The catalog's 13B at the file's 32000 vocabulary, 2k tokens on 64 A100s, replaying
+    `path` over the paper space (pinned by `pins`)."""
+    return layoutsearch.search(model="llama_13b", vocab_size=32000, num_gpus=64,
+                               seq_length=2048, global_batch_size=2048, cost_model={
+        "_target_": "layoutsearch.costs.replay.ReplayCostModel", "path": str(path)}, **pins)
+
+
+def test_a_search_over_a_space_the_file_covers_in_part_counts_and_names_the_rest(
+        runs_csv: Path, tmp_path: Path) -> None:
+    ranked = _replay_search(runs_csv)
+    passing = int((violations(ranked, clusters_by_gpu()) == "").sum())
+    assert ranked.attrs["coverage_note"] == (
+        f"{runs_csv} measured 3 of the {passing} layouts of the space that pass the rules for "
+        f"this job; the other {passing - 3} have no figures (unmeasured, never guessed): the "
+        "ranking is of the measured ones alone. Its runs of this job never have pp=2 or 4 or "
+        "8 or 16, micro_batch_size=2 or 4 or 8, attention=flash1 or fused or torch, "
+        "rmsnorm_kernel=False, recompute=full, tp=8; pin pp=[1] micro_batch_size=[1] "
+        "attention=[flash2] rmsnorm_kernel=[True] recompute=[none] tp=[1,2,4] "
+        "(search_spaces.<knob>=[...] on the command line) to keep the search to the knob "
+        "values it ran.")
+    # The knob values it ran: tp 1, 2 and 4 (sequence parallel at tp 4 only, which
+    # leaves tp 2 with it and tp 4 without unmeasured).
+    pinned = _replay_search(runs_csv, pp=[1], micro_batch_size=[1], attention=["flash2"],
+                            rmsnorm_kernel=[True], recompute=["none"], tp=[1, 2, 4])
+    assert pinned.attrs["coverage_note"] == (
+        f"{runs_csv} measured 3 of the 5 layouts of the space that pass the rules for this "
+        "job; the other 2 have no figures (unmeasured, never guessed): the ranking is of the "
+        "measured ones alone.")
+    measured_all = _replay_search(runs_csv, pp=[1], micro_batch_size=[1], attention=["flash2"],
+                                  rmsnorm_kernel=[True], recompute=["none"], tp=[2],
+                                  sequence_parallel=[False])
+    assert measured_all.attrs["coverage_note"] == ""
+
+
+def test_a_file_without_a_column_the_space_sets_names_the_default_it_ran_with(
+        tmp_path: Path, measurement_row: dict[str, Any]) -> None:
+    # No distributed_optimizer column: every run is read as False, the paper space asks True.
+    path = tmp_path / "runs.csv"
+    pd.DataFrame([measurement_row]).to_csv(path, index=False)
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
+        ranked = _replay_search(path, tp=[2], pp=[1], micro_batch_size=[1],
+                                attention=["flash2"], rmsnorm_kernel=[True], recompute=["none"])
+    assert ranked.attrs["coverage_note"].endswith(
+        "Its runs of this job never have distributed_optimizer=True, sequence_parallel=True; "
+        "pin distributed_optimizer=[False] sequence_parallel=[False] (search_spaces.<knob>=[...] "
+        "on the command line) to keep the search to the knob values it ran.")
+
+
+def test_a_search_over_a_job_the_file_never_ran_leaves_the_coverage_to_the_message(
+        runs_csv: Path) -> None:
+    ranked = _replay_search_fitting_nothing(runs_csv, seq_length=4096, global_batch_size=1024)
+    assert ranked.attrs["coverage_note"] == ""

@@ -84,6 +84,9 @@ def test_a_replayed_best_layout_without_a_memory_figure_says_so(
     text = layoutsearch.report(ranked, tmp_path / "report").read_text()
     assert "tokens/s, peak memory per GPU not measured." in text
     assert "nan" not in text
+    # The file ran one of the space's layouts: the rest were never priced.
+    assert (f"**What the measurements cover.** {path} measured 1 of the " in text
+            and "pin micro_batch_size=[1]" in text)
 
 
 def test_report_of_a_paper_driver_result(tmp_path: Path) -> None:
