@@ -39,6 +39,14 @@ FAILED_REASONS = {
 FAILURE_ORDER = ("oom", "unavailable", "error", "timeout")
 """Which failure speaks for a layout whose runs failed in different ways: running out of
 memory is the most telling."""
+FAILED_RUNS = {
+    "oom": "ran out of memory",
+    "unavailable": "hit a kernel that refused the shape",
+    "error": "failed",
+    "timeout": "timed out",
+}
+"""How the `cost_reason` of a layout that fits says some of its repeated runs did not finish
+("measured: 1 of 2 runs ran out of memory"): it fits by most runs, but only just."""
 
 
 def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
@@ -51,7 +59,8 @@ def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per measured layout: its status, mean step time, MFU and memory.
+    """One row per measured layout: its status, mean step time, MFU and memory, its runs,
+    and how many of them failed in the way `failure` names (the most telling, FAILURE_ORDER).
 
     As the fidelity benchmark does (docs/fidelity.md), a layout measured several times counts as
     `ok` when at least half of its runs finished; its figures are the mean over those runs.
@@ -69,6 +78,11 @@ def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
     failure = grouped["_failure"].min().map(dict(enumerate(FAILURE_ORDER)))
     ran = grouped["_ok"].mean() >= 0.5
     summary["status"] = failure.where(~ran, "ok")
+    summary["failure"] = failure
+    # Runs that failed in that way, for a layout that fits by most runs to say how many.
+    summary["failed_runs"] = keys.assign(
+        _worst=keys["_failure"].eq(grouped["_failure"].transform("min"))
+    ).groupby(list(MEASUREMENT_KEY), sort=False, dropna=False)["_worst"].sum()
     summary.loc[~ran, ["step_time_s", "mfu", "peak_memory_gib"]] = np.nan
     return summary.reset_index()
 
@@ -230,6 +244,13 @@ class ReplayCostModel:
             * candidates["seq_length"].to_numpy(dtype=float)
         )
         reason = pd.Series(status).map(FAILED_REASONS).fillna("").to_numpy(dtype=object)
+        # Fits by most of its runs, not by all: a marginal layout, which the reason says.
+        marginal = (status == "ok") & matched["failure"].notna().to_numpy()
+        if marginal.any():
+            some = matched[marginal]
+            reason[marginal] = (f"{MEASURED}: " + some["failed_runs"].astype(int).astype(str)
+                                + " of " + some["runs"].astype(int).astype(str) + " runs "
+                                + some["failure"].map(FAILED_RUNS)).to_numpy()
         unmeasured = status == "unmeasured"
         reason[unmeasured] = f"{UNMEASURED}no measurement of this layout in {self.source}"
         if unmeasured.any():  # an optuna trial's one measured row needs no merges

@@ -49,6 +49,29 @@ def test_ok_rows_are_averaged_and_tokens_per_s_derived(runs_csv: Path, candidate
     assert row["measured_runs"] == 2
 
 
+def test_a_layout_that_ran_in_most_runs_fits_and_says_how_many_did_not(
+        tmp_path: Path, measurement_row: dict[str, Any], candidate: Any) -> None:
+    path = tmp_path / "runs.csv"
+    failed = {"step_time_s": None, "mfu": None}
+    _runs(measurement_row,
+          {"mfu": 0.60}, {"status": "oom", **failed},                            # tp2: 1 of 2
+          {"tp": 4, "dp": 16, "mfu": 0.5, "step_time_s": 36.0},                   # tp4: 2 of 3,
+          {"tp": 4, "dp": 16, "mfu": 0.5, "step_time_s": 36.0},                   # the failure
+          {"tp": 4, "dp": 16, "status": "timeout", **failed},                     # a timeout
+          {"tp": 8, "dp": 8, "status": "oom", **failed},                          # tp8: 1 of 3
+          {"tp": 8, "dp": 8, "status": "error", **failed},
+          {"tp": 8, "dp": 8, "mfu": 0.4, "step_time_s": 45.0}).to_csv(path, index=False)
+    rows = pd.concat([candidate("llama_13b", tp=tp, attention="flash2", rmsnorm_kernel=True)
+                      for tp in (2, 4, 8)], ignore_index=True)
+    rows["vocab_size"] = 32000
+    scored = ReplayCostModel.load(path).score(rows, clusters_by_gpu())
+    assert scored["fits"].tolist() == [True, True, False]
+    assert scored["mfu"].iloc[0] == pytest.approx(0.60)  # the mean of the runs that finished
+    assert scored["cost_reason"].tolist() == [
+        "measured: 1 of 2 runs ran out of memory", "measured: 1 of 3 runs timed out",
+        "measured: out of memory"]
+
+
 def test_oom_does_not_fit_and_unmeasured_is_not_guessed(runs_csv: Path,
                                                         candidate: Any) -> None:
     model = ReplayCostModel.load(runs_csv)
