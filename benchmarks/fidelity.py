@@ -86,6 +86,10 @@ def main() -> int:
         f"{summary['max_regret_points']:.2f} pts | top-3 hits {int(summary['top3_hits'])}/"
         f"{int(summary['groups'])} | MFU MAPE {100 * summary['mape']:.1f} %"
     )
+    if summary["groups_without_a_run"]:
+        print(f"{int(summary['groups_without_a_run'])} of the {int(summary['groups'])} jobs "
+              "had no run that finished (every layout out of memory): their ρ, regret and "
+              "MAPE are NaN, left out of the summary's")
     for key, (rule, threshold) in TARGETS.items():
         value = summary[key]
         met = value >= threshold if rule == ">=" else value <= threshold

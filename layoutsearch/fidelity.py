@@ -142,7 +142,12 @@ def group_fidelity(group: pd.DataFrame) -> GroupFidelity:
 
 
 def fidelity(predicted: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
-    """Per-group table and the summary line (overall fit accuracy, min ρ, max regret, ...)."""
+    """Per-group table and the summary line (overall fit accuracy, min ρ, max regret, ...).
+
+    A group none of whose runs finished (every one out of memory) has no best MFU: its ρ,
+    regret and MAPE are NaN, left out of the summary's min, max and mean, and
+    `groups_without_a_run` counts such groups, so that a max regret is not read as
+    covering them."""
     collapsed = collapse_twins(predicted)
     if collapsed.empty:
         raise LayoutSearchError(
@@ -164,6 +169,8 @@ def fidelity(predicted: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
         "max_regret_points": float(table["regret_points"].max()),
         "top3_hits": float(table["top3_hit"].sum()),
         "groups": float(len(table)),
+        "groups_without_a_run": float(len(table) - ok.groupby(list(GROUP_COLUMNS),
+                                                              observed=True).ngroups),
         "mape": float(((ok["predicted_mfu"] - ok["mfu"]).abs() / ok["mfu"]).mean()),
     }
     return table, summary

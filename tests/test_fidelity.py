@@ -118,6 +118,21 @@ def test_summary_by_hand(runs: pd.DataFrame) -> None:
     assert summary["mape"] == pytest.approx(sum(errors) / len(errors))
 
 
+def test_a_group_none_of_whose_runs_finished_is_counted_not_skipped(
+        runs: pd.DataFrame) -> None:
+    every_oom = pd.DataFrame([run({**JOB_13B, "model": "llama_65b"}, 1, 1, "oom", None, 0.9, True),
+                              run({**JOB_13B, "model": "llama_65b"}, 2, 1, "oom", None, 0.8,
+                                  False)])
+    table, summary = fidelity(pd.concat([runs, every_oom], ignore_index=True))
+    group = table.set_index("model").loc["llama_65b"]
+    # No best MFU to regret against: NaN, not 0, and the summary says so.
+    assert group[["spearman", "regret_points", "mape"]].isna().all()
+    assert summary["groups"] == 3 and summary["groups_without_a_run"] == 1
+    assert summary["max_regret_points"] == pytest.approx(61.0)  # of the jobs that ran
+    _, alone = fidelity(runs)
+    assert alone["groups_without_a_run"] == 0
+
+
 def test_a_group_with_no_predicted_fit_regrets_its_best() -> None:
     frame = pd.DataFrame([run(JOB_13B, 1, 1, "ok", 0.6, 0.5, False),
                           run(JOB_13B, 2, 1, "ok", 0.5, 0.4, False)])
