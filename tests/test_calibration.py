@@ -552,9 +552,10 @@ def test_a_free_constant_these_rows_cannot_move_is_kept_with_a_warning():
 
 def test_unknown_constant_is_named():
     runs = synthetic_runs(PRIOR["a100_80gb"])
-    with pytest.raises(LayoutSearchError, match=r"^--free: unknown constant\(s\) gemm_eff; "
-                                                r"constants: .*, gemm_efficiency, "):
-        fit_constants(runs, PRIOR, ["gemm_eff"], max_evals=5)
+    with pytest.raises(LayoutSearchError, match=r"^--free: unknown constant\(s\) gemm_eff "
+                                                r"\(did you mean 'gemm_efficiency'\?\), "
+                                                r"zzz; constants: .*, gemm_efficiency, "):
+        fit_constants(runs, PRIOR, ["gemm_eff", "zzz"], max_evals=5)
 
 
 def test_prior_spreads_name_continuous_constants():

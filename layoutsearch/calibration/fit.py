@@ -24,7 +24,7 @@ from layoutsearch.calibration.timing import TimeObjective, fit_time, time_free
 from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs.analytic import AnalyticCostModel
 from layoutsearch.costs.constants import AnalyticConstants
-from layoutsearch.errors import LayoutSearchError
+from layoutsearch.errors import LayoutSearchError, closest_names
 from layoutsearch.fidelity import (
     GROUP_COLUMNS,
     distinct_layouts,
@@ -67,8 +67,10 @@ def checked_free(names: Sequence[str]) -> list[str]:
     known = set(PHYSICAL) | set(DISCRETE)
     unknown = [n for n in names if n not in known]
     if unknown:
+        named = [f"{n} (did you mean {' or '.join(map(repr, close))}?)"
+                 if (close := closest_names(n, known)) else n for n in unknown]
         raise LayoutSearchError(
-            f"--free: unknown constant(s) {', '.join(unknown)}; constants: "
+            f"--free: unknown constant(s) {', '.join(named)}; constants: "
             f"{', '.join(sorted(known))}")
     memory = [n for n in names if n in MEMORY_CONSTANTS]
     if memory:
