@@ -46,6 +46,12 @@ def closest_names(name: str, valid: Iterable[str]) -> list[str]:
     return sorted(by_lower[c] for c in close if ratio[c] == best)
 
 
+def type_of(value: object) -> str:
+    """`value`'s type with its article, for "not an int", "not a list"."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def unknown_name_message(kind: str, name: object, valid: Iterable[str]) -> str:
     """'unknown model 'llama13b'; did you mean 'llama_13b'? valid: ...'."""
     choices = sorted(valid)

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from layoutsearch.errors import LayoutSearchError
+from layoutsearch.errors import LayoutSearchError, type_of
 
 _PACKAGE = Path(__file__).resolve().parent
 _USER_FOLDERS: ContextVar[tuple[Path, ...]] = ContextVar("layoutsearch_config_folders",
@@ -101,7 +101,7 @@ def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
         return {}
     if not isinstance(config, dict):
         raise LayoutSearchError(f"{what} {str(path)!r} must hold a mapping of settings "
-                                f"(name: value), not a {type(config).__name__}")
+                                f"(name: value), not {type_of(config)}")
     return config
 
 

@@ -43,7 +43,7 @@ def test_a_file_that_cannot_be_read_is_no_option_mapping(tmp_path: Path) -> None
 @pytest.mark.parametrize("text, message", [
     (": : :\n", "is not valid YAML: while parsing a block mapping"),
     ("- a\n", "must hold a mapping of settings (name: value), not a list"),
-    ("3\n", "must hold a mapping of settings (name: value), not a int"),
+    ("3\n", "must hold a mapping of settings (name: value), not an int"),
 ])
 def test_a_yaml_file_that_is_no_mapping_is_refused_by_name(tmp_path: Path, text: str,
                                                           message: str) -> None:

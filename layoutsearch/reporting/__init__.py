@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from layoutsearch.errors import LayoutSearchError
+from layoutsearch.errors import LayoutSearchError, type_of
 from layoutsearch.reporting.explain import require_ranking
 from layoutsearch.reporting.markdown import TOP_K, write_report
 from layoutsearch.reporting.study_rules import StudyCheck, check_study_rules
@@ -30,7 +30,7 @@ def report(result: pd.DataFrame, out_dir: str | Path | None = None, *,
     if not isinstance(result, pd.DataFrame):
         raise LayoutSearchError(
             f"report(result={result!r:.60}): must be the DataFrame layoutsearch.search "
-            f"returned, not a {type(result).__name__}")
+            f"returned, not {type_of(result)}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise LayoutSearchError(f"report(top_k={top_k!r}): must be an integer >= 1")
     require_ranking(result, "report(result)")

@@ -123,7 +123,7 @@ def test_report_without_a_job_is_a_user_error(ranked: pd.DataFrame, tmp_path: Pa
 
 
 @pytest.mark.parametrize(("arguments", "message"), [
-    ((5,), r"report\(result=5\): must be the DataFrame layoutsearch.search returned, not a int"),
+    ((5,), r"report\(result=5\): must be the DataFrame layoutsearch.search returned, not an int"),
     (("ranked.csv",), r"report\(result='ranked.csv'\): .* not a str"),
 ])
 def test_report_of_something_else_is_a_user_error(arguments, message, tmp_path: Path) -> None:
