@@ -168,12 +168,17 @@ def search(
     if message and len(scripts):
         # Nothing fits because nothing ran: the scripts are the answer, not a failure.
         message = ""
+        # The local launcher runs one node (LocalLauncher.preflight refuses more).
+        launchers = ("cost_models.launcher=local or slurm"
+                     if job.num_gpus <= job.cluster.gpus_per_node else
+                     f"cost_models.launcher=slurm (local runs one node; this job needs "
+                     f"{job.num_gpus} GPUs, {job.cluster.gpus_per_node} a node)")
         ranked.attrs["dry_run_note"] = (
             f"dry run: wrote {_count(len(scripts), 'launch script')} and measured nothing "
             f"(rows 0-{len(scripts) - 1}): "
             + ", ".join(reason.removeprefix(DRY_RUN_REASON) for reason in scripts)
-            + ". Measure them with cost_models.launcher=local (one node) or slurm; the runs "
-            "land in the measurement file and a search reads them back.")
+            + f". Measure them with {launchers}; the runs land in the measurement file and "
+            "a search reads them back.")
     if message and len(ranked) < len(problem.candidates):
         # A sampling driver saw part of the space: what it saw says nothing of the rest.
         more = "raise its n_trials, or " if hasattr(searcher, "n_trials") else ""

@@ -344,8 +344,22 @@ def test_a_dry_run_answers_with_its_scripts_not_with_no_fit(tmp_path):
     note = ranked.attrs["dry_run_note"]
     assert note.startswith("dry run: wrote 2 launch scripts and measured nothing (rows 0-1): ")
     assert all(str(p) in note for p in scripts)
+    # 64 GPUs are 8 nodes: the local launcher, which runs one, is not offered.
+    assert note.endswith(". Measure them with cost_models.launcher=slurm (local runs one "
+                         "node; this job needs 64 GPUs, 8 a node); the runs land in the "
+                         "measurement file and a search reads them back.")
     assert not (tmp_path / "measurements.csv").exists() or read_measurements(
         tmp_path / "measurements.csv").empty
+
+
+def test_a_one_node_dry_run_offers_the_local_launcher_too(tmp_path):
+    settings = fake_megatron_settings(tmp_path).replace(launcher="dry_run")
+    model = MeasuredCostModel(settings=settings, measurements=tmp_path / "measurements.csv",
+                              prescreen=build_cost_model("analytic"), top_k=1)
+    ranked = layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert ranked.attrs["dry_run_note"].endswith(
+        ". Measure them with cost_models.launcher=local or slurm; the runs land in the "
+        "measurement file and a search reads them back.")
 
 
 @pytest.mark.parametrize(("model", "flags"), [
