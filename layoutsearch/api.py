@@ -34,7 +34,7 @@ from layoutsearch.megatron.emit import (
     check_settings,
     command_rejections,
 )
-from layoutsearch.megatron.launchers import DRY_RUN_WROTE
+from layoutsearch.megatron.launchers import DRY_RUN_REASON
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.problem import SearchProblem
 from layoutsearch.results import (
@@ -248,10 +248,6 @@ def _fits(problem: SearchProblem) -> Callable[[pd.DataFrame], pd.Series] | None:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-DRY_RUN_REASON = f"not measured: {DRY_RUN_WROTE}"
-"""The reason of a row a measured search's dry run wrote a script for (measured.py)."""
 
 
 def _dry_run_scripts_first(ranked: pd.DataFrame) -> pd.DataFrame:

@@ -496,12 +496,17 @@ def test_a_cost_model_without_breakdowns_says_so() -> None:
 def test_a_dry_run_exits_0_with_its_scripts(tmp_path: Path) -> None:
     done = layoutsearch("cost_models=measured", "cost_models.prescreen=analytic",
                         "cost_models.top_k=1", "cost_models.launcher=dry_run", FAST,
-                        f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+                        "emit=megatron", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "note: dry run: wrote 1 launch script and measured nothing (rows 0-0): " \
         in done.stdout
     assert "no layout fits" not in done.stdout
     assert len(list((tmp_path / "megatron_logs").glob("*.sh"))) == 1
+    # emit=megatron ranks nothing a dry run did not measure: it points at the dry run's.
+    assert (f"wrote no Megatron-LM launch scripts to {tmp_path / 'run' / 'megatron'}: the "
+            "dry run measured no layout, so none is ranked; it wrote 1 launch script to "
+            "megatron_logs\n") in done.stdout
+    assert not (tmp_path / "run" / "megatron").exists()
 
 
 def test_ctrl_c_stops_an_optuna_search_without_a_traceback_and_says_how_to_resume(

@@ -18,6 +18,7 @@ from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.megatron.args import MegatronCommand, build_command
 from layoutsearch.megatron.checks import every_command_rejected, rejection
+from layoutsearch.megatron.launchers import DRY_RUN_REASON
 from layoutsearch.megatron.scripts import write_script
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.megatron.validation import Problem
@@ -174,6 +175,16 @@ def emit_megatron(ranked: pd.DataFrame, output_dir: Path, top_k: int = 5) -> Non
     # A ranking without them (its job set by hand) gets the shipped settings.
     settings = resolve_settings(ranked.attrs.get(MEGATRON_SETTINGS))
     if not ranked["fits"].astype(bool).any():
+        dry_run = [Path(reason.removeprefix(DRY_RUN_REASON)) for reason in ranked["reason"]
+                   if isinstance(reason, str) and reason.startswith(DRY_RUN_REASON)]
+        if dry_run:
+            # Nothing fits because nothing was measured: the dry run's scripts are the ones
+            # to launch, and a copy of them here would rank nothing.
+            folders = ", ".join(sorted({str(path.parent) for path in dry_run}))
+            print(f"wrote no Megatron-LM launch scripts to {Path(output_dir) / SCRIPTS_DIR}: "
+                  f"the dry run measured no layout, so none is ranked; it wrote "
+                  f"{len(dry_run)} launch script{'s' * (len(dry_run) != 1)} to {folders}")
+            return
         print("wrote no Megatron-LM launch scripts: no layout fits")
         return
     paths = write_launch_scripts(ranked, job, Path(output_dir) / SCRIPTS_DIR, top_k=top_k,

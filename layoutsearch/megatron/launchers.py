@@ -79,6 +79,8 @@ def _missing_script(settings: MegatronSettings) -> str | None:
 DRY_RUN_WROTE = "dry run: wrote "
 """How a dry run's trial log begins, before the script's path (a measured search's reason
 for the row reads "not measured: dry run: wrote <path>")."""
+DRY_RUN_REASON = f"not measured: {DRY_RUN_WROTE}"
+"""The reason of a row a measured search's dry run wrote a script for (measured.py)."""
 
 
 class DryRunLauncher:
