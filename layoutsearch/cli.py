@@ -597,7 +597,8 @@ class MultirunSummary(Callback):
         failed = int(table["error"].notna().sum()) if "error" in table else 0
         if failed:
             # After every job ran: the sweep's exit status says that some input was wrong.
-            _print_error(f"{failed} of {len(table)} jobs failed; see {path}")
+            _print_error(f"{failed} of {len(table)} job{'s' * (len(table) != 1)} failed; "
+                         f"see {path}")
             sys.exit(USER_ERROR_STATUS)
 
 

@@ -124,14 +124,14 @@ def test_a_sweep_rerun_into_its_folder_summarizes_only_its_own_jobs(tmp_path: Pa
     again = layoutsearch("--multirun", "num_gpus=${nope}", FAST, f"hydra.sweep.dir={sweep}",
                          cwd=tmp_path)
     assert again.returncode == 2 and "Traceback" not in again.stderr
-    assert "1 of 1 jobs failed" in again.stderr
+    assert "1 of 1 job failed" in again.stderr
     table = pd.read_csv(sweep / "multirun.csv")
     assert list(table["job"]) == [0]
     assert table.loc[0, "error"].startswith(
         "num_gpus: cannot resolve its value (Interpolation key 'nope' not found)")
     summary = (sweep / "multirun.md").read_text()
-    assert "# Sweep summary: 1 jobs" in summary
-    assert "Left out: the outputs of 1 jobs of an earlier sweep" in summary
+    assert "# Sweep summary: 1 job\n" in summary
+    assert "Left out: the outputs of 1 job of an earlier sweep" in summary
     assert (sweep / "1" / "ranked.csv").is_file()  # the earlier job's outputs are kept
 
 

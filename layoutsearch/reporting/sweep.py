@@ -215,9 +215,9 @@ def mfu_figure(table: pd.DataFrame) -> Figure:
 def write_summary(table: pd.DataFrame, sweep_dir: Path) -> Path:
     """`multirun.csv`, `multirun_mfu.png` and `multirun.md` in the sweep directory."""
     table.to_csv(sweep_dir / "multirun.csv", index=False)
-    lines = [f"# Sweep summary: {len(table)} jobs", ""]
-    if table.attrs.get(EARLIER_JOBS):
-        lines += [f"Left out: the outputs of {table.attrs[EARLIER_JOBS]} jobs of an earlier "
+    lines = [f"# Sweep summary: {len(table)} job{'s' * (len(table) != 1)}", ""]
+    if earlier := table.attrs.get(EARLIER_JOBS):
+        lines += [f"Left out: the outputs of {earlier} job{'s' * (earlier != 1)} of an earlier "
                   "sweep into this directory.", ""]
     if not table.empty:
         mfu_figure(table).savefig(sweep_dir / "multirun_mfu.png")
