@@ -37,12 +37,22 @@ float (a CSV cell such as 1e+20 reads as one), and the int64 columns of candidat
 it without wrapping around (num_gpus=10**30 would overflow them deep inside a search)."""
 
 
+def _key(owner: str, name: str) -> str:
+    """How a message names a field: `model.hidden_size`; one of the job's bare (JOB_OWNER)."""
+    return f"{owner}.{name}" if owner else name
+
+
+JOB_OWNER = ""
+"""The owner of the job's fields in messages: none (`num_gpus=0`, not `job.num_gpus=0`,
+which neither the command nor `search()` accepts)."""
+
+
 def _require_positive_int(owner: str, name: str, value: Any) -> None:
     # numbers.Integral also admits numpy integers, e.g. a value taken from a DataFrame.
     if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
             or not 0 < int(value) <= LARGEST_SIZE):
         raise LayoutSearchError(
-            f"{owner}.{name}={value!r}: must be a positive integer of at most 2**53"
+            f"{_key(owner, name)}={value!r}: must be a positive integer of at most 2**53"
         )
 
 
@@ -58,20 +68,20 @@ def _require_spec(owner: str, name: str, value: Any, cls: type, hint: str) -> No
     # fields; say how to get the spec rather than fail on a missing attribute later.
     if not isinstance(value, cls):
         raise LayoutSearchError(
-            f"{owner}.{name}={value!r}: must be a {cls.__name__}; {hint}")
+            f"{_key(owner, name)}={value!r}: must be a {cls.__name__}; {hint}")
 
 
 def _require_bool(owner: str, name: str, value: Any) -> None:
     # A string such as "no" is truthy: take only real booleans (numpy's too).
     if not isinstance(value, bool | np.bool_):
-        raise LayoutSearchError(f"{owner}.{name}={value!r}: must be true or false")
+        raise LayoutSearchError(f"{_key(owner, name)}={value!r}: must be true or false")
 
 
 def _require_positive_number(owner: str, name: str, value: Any) -> None:
     # `inf` passes `> 0` and prices every layout at MFU 0 or lets every layout fit.
     if (isinstance(value, bool) or not isinstance(value, numbers.Real)
             or not 0 < float(value) < math.inf):
-        raise LayoutSearchError(f"{owner}.{name}={value!r}: must be a finite positive number")
+        raise LayoutSearchError(f"{_key(owner, name)}={value!r}: must be a finite positive number")
 
 
 Spec = TypeVar("Spec", "ModelSpec", "ClusterSpec")
@@ -303,17 +313,17 @@ class Job:
     """Sequences per optimizer step."""
 
     def __post_init__(self) -> None:
-        _require_spec("job", "model", self.model, ModelSpec,
+        _require_spec(JOB_OWNER, "model", self.model, ModelSpec,
                       "load one from the catalog, load_model('llama_13b')")
-        _require_spec("job", "cluster", self.cluster, ClusterSpec,
+        _require_spec(JOB_OWNER, "cluster", self.cluster, ClusterSpec,
                       "load one from the catalog, load_cluster('a100_80gb')")
         for name in ("num_gpus", "seq_length", "global_batch_size"):
-            _require_positive_int("job", name, getattr(self, name))
+            _require_positive_int(JOB_OWNER, name, getattr(self, name))
         per_node = self.cluster.gpus_per_node
         if self.num_gpus > per_node and self.num_gpus % per_node:
             nodes = self.num_gpus // per_node
             raise LayoutSearchError(
-                f"job.num_gpus={self.num_gpus}: must be a whole number of nodes of "
+                f"num_gpus={self.num_gpus}: must be a whole number of nodes of "
                 f"{per_node} GPUs (cluster.gpus_per_node); try {nodes * per_node} or "
                 f"{(nodes + 1) * per_node}"
             )
@@ -324,7 +334,7 @@ class Job:
         if m.position_embedding_type == "learned_absolute" and (
                 self.seq_length > m.max_position_embeddings):
             raise LayoutSearchError(
-                f"job.seq_length={self.seq_length}: exceeds model.max_position_embeddings="
+                f"seq_length={self.seq_length}: exceeds model.max_position_embeddings="
                 f"{m.max_position_embeddings}, the rows of {m.name}'s learned position table; "
                 f"use seq_length <= {m.max_position_embeddings} or raise "
                 "model.max_position_embeddings"

@@ -136,7 +136,7 @@ def test_replace_validates_and_names_unknown_fields() -> None:
 def test_job_rejects_non_positive_integers(field: str, value: object) -> None:
     sizes: dict[str, object] = {"num_gpus": 8, "seq_length": 2048, "global_batch_size": 64}
     sizes[field] = value
-    rule = rf"job\.{field}={value!r}: must be a positive integer"
+    rule = rf"^{field}={value!r}: must be a positive integer"
     with pytest.raises(LayoutSearchError, match=rule):
         Job(model=_tiny(), cluster=load_cluster("a100_80gb"), **sizes)  # type: ignore[arg-type]
 
@@ -148,7 +148,7 @@ def test_job_accepts_numpy_integers() -> None:
 
 
 def test_job_needs_whole_nodes() -> None:
-    rule = r"num_gpus=12: must be a whole number of nodes of 8 GPUs.*try 8 or 16"
+    rule = r"^num_gpus=12: must be a whole number of nodes of 8 GPUs.*try 8 or 16"
     with pytest.raises(LayoutSearchError, match=rule):
         Job(model=_tiny(), cluster=load_cluster("a100_80gb"), num_gpus=12, seq_length=2048,
             global_batch_size=64)
@@ -159,7 +159,7 @@ def test_job_needs_whole_nodes() -> None:
 
 def test_learned_positions_bound_the_sequence_length() -> None:
     learned = _tiny(position_embedding_type="learned_absolute", max_position_embeddings=1024)
-    rule = (r"job\.seq_length=2048: exceeds model\.max_position_embeddings=1024.*"
+    rule = (r"^seq_length=2048: exceeds model\.max_position_embeddings=1024.*"
             r"use seq_length <= 1024")
     with pytest.raises(LayoutSearchError, match=rule):
         Job(model=learned, cluster=load_cluster("a100_80gb"), num_gpus=8, seq_length=2048,
@@ -220,5 +220,5 @@ def test_a_cluster_needs_a_gpu_spec_not_its_name() -> None:
 def test_a_job_needs_specs_not_names(field: str, value: str, hint: str) -> None:
     parts: dict[str, Any] = {"model": _tiny(), "cluster": load_cluster("a100_80gb")}
     parts[field] = value
-    with pytest.raises(LayoutSearchError, match=rf"job\.{field}='{value}': must be a .*{hint}"):
+    with pytest.raises(LayoutSearchError, match=rf"^{field}='{value}': must be a .*{hint}"):
         Job(**parts, num_gpus=8, seq_length=2048, global_batch_size=64)

@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 
 from layoutsearch import search
+from layoutsearch.errors import LayoutSearchError
 from layoutsearch.reporting.sweep import (
     ERROR_FILE,
     NOTES_FILE,
@@ -26,6 +28,14 @@ def _job(sweep: Path, name: str, overrides: list[str], rows: list[dict[str, obje
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
     pd.DataFrame(rows).to_csv(job / "ranked.csv", index=False)
+
+
+def _wrong_size() -> str:
+    """The error of a job of 12 GPUs on nodes of 8, as the command records it: its wording
+    is the search's own, so a sweep's summary is checked against what a job writes."""
+    with pytest.raises(LayoutSearchError) as error:
+        search(model="llama_13b", num_gpus=12, seq_length=2048, global_batch_size=2048)
+    return str(error.value)
 
 
 ROW = {"model": "llama_13b", "num_gpus": 64, "seq_length": 2048, "global_batch_size": 2048,
@@ -62,14 +72,15 @@ def test_a_job_that_failed_is_listed_with_its_error(tmp_path: Path) -> None:
     failed = tmp_path / "1"
     (failed / ".hydra").mkdir(parents=True)
     (failed / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["num_gpus=12"]))
-    (failed / ERROR_FILE).write_text("job.num_gpus=12: must be a whole number of nodes\n")
+    error = _wrong_size()
+    assert error.startswith("num_gpus=12: must be a whole number of nodes")  # the key typed
+    (failed / ERROR_FILE).write_text(f"{error}\n")
     table = collect_sweep(tmp_path)
     assert list(table["job"]) == ["0", "1"]
     assert pd.isna(table.loc[0, "error"])
-    assert table.loc[1, "error"] == "job.num_gpus=12: must be a whole number of nodes"
+    assert table.loc[1, "error"] == error
     summary = write_summary(table, tmp_path).read_text()
-    assert ("| [1](1/error.txt) | num_gpus=12 | error: job.num_gpus=12: must be a whole "
-            "number of nodes |") in summary
+    assert f"| [1](1/error.txt) | num_gpus=12 | error: {error} |" in summary
     # The failed job's empty sizes leave the others' integers as integers in the CSV.
     written = (tmp_path / "multirun.csv").read_text().splitlines()
     assert ",llama_13b,64,2048,2048," in written[1] and "64.0" not in written[1]
@@ -136,9 +147,9 @@ def test_a_rerun_forgets_the_jobs_old_outputs_and_notes_keep_their_own_keys(
     (job / ".hydra" / "overrides.yaml").write_text("- num_gpus=12\n")
     forget_job_outputs(job)
     assert sorted(p.name for p in job.iterdir()) == [".hydra"]
-    (tmp_path / "0" / ERROR_FILE).write_text("job.num_gpus=12: must be a whole number of nodes\n")
+    (tmp_path / "0" / ERROR_FILE).write_text(f"{_wrong_size()}\n")
     table = collect_sweep(tmp_path)
-    assert len(table) == 1 and table.loc[0, "error"].startswith("job.num_gpus=12")
+    assert len(table) == 1 and table.loc[0, "error"] == _wrong_size()
 
 
 def test_outputs_older_than_the_sweep_start_are_an_earlier_sweeps(tmp_path: Path) -> None:
@@ -148,7 +159,7 @@ def test_outputs_older_than_the_sweep_start_are_an_earlier_sweeps(tmp_path: Path
         os.utime(tmp_path / job / "ranked.csv", (0, (tmp_path / job).stat().st_mtime - 3600))
     mark_sweep_start(tmp_path)
     (tmp_path / "0" / "ranked.csv").unlink()  # job 0 ran again, with a wrong input
-    (tmp_path / "0" / ERROR_FILE).write_text("job.num_gpus=12: must be a whole number of nodes\n")
+    (tmp_path / "0" / ERROR_FILE).write_text(f"{_wrong_size()}\n")
     table = collect_sweep(tmp_path)
     assert list(table["job"]) == ["0"] and table.attrs["earlier_jobs"] == 1
     summary = write_summary(table, tmp_path).read_text()
