@@ -438,9 +438,17 @@ def check_key(override: Override, known: Mapping[str, list[str]]) -> None:
     """
     key = override.key_or_group
     parent, _, name = key.rpartition(".")
+    top = key.split(".")[0].split("/")[0]
+    if top == "hydra" or override.type is OverrideType.DEL:
+        return
+    if parent and top not in known[""]:
+        # Below no setting at all (job.num_gpus=8): Hydra would refuse it with status 1 and
+        # hint at +job.num_gpus=8, which nothing reads.
+        own = f"; {name} is a setting of its own: {name}=..." if name in known[""] else ""
+        raise LayoutSearchError(f"{key}: " + unknown_name_message("setting", top, known[""])
+                                + own)
     adds_top_level = override.type in (OverrideType.ADD, OverrideType.FORCE_ADD) and not parent
-    if (override.type is not OverrideType.CHANGE and not adds_top_level) or (
-            key.split(".")[0].split("/")[0] == "hydra"):
+    if override.type is not OverrideType.CHANGE and not adds_top_level:
         return
     if parent in known and name not in known[parent]:
         where = f"{parent} field" if parent else "setting"

@@ -185,6 +185,10 @@ def test_help_lists_exactly_the_config_groups(tmp_path: Path) -> None:
     # Added at the top, a misspelt setting would be read by nothing: 64 GPUs, not 32.
     ("+num_gpu=32", "unknown setting 'num_gpu'; did you mean 'num_gpus'?"),
     ("++seq_len=4096", "unknown setting 'seq_len'; did you mean 'seq_length'?"),
+    # Below no setting: Hydra's hint, +job.num_gpus=8, would be read by nothing.
+    ("job.num_gpus=8", "job.num_gpus: unknown setting 'job';"),
+    ("+job.num_gpus=8", "valid setting names: cluster, cost_models, driver, emit, "),
+    ("job.num_gpus=8", "; num_gpus is a setting of its own: num_gpus=..."),
 ])
 def test_unknown_settings_name_the_closest_valid_one(override: str, message: str) -> None:
     with pytest.raises(LayoutSearchError, match=re.escape(message)):
