@@ -33,14 +33,14 @@ JOB_COLUMNS = ("model", "vocab_size", "gpu", "num_gpus", "seq_length", "global_b
 BEST_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "tokens_per_s", "peak_memory_gib",
                 "fits", "reason")
 RANKED_FILE = "ranked.csv"
-"""A job's whole ranking (cli.py)."""
+"""A job's whole ranking (cli/)."""
 PARTIAL_SUFFIX = ".partial"
 """`ranked.csv` is written under this suffix first and renamed when complete: a Ctrl-C while
 a large ranking is written leaves no truncated `ranked.csv` for a sweep's summary to read."""
 ERROR_FILE = "error.txt"
-"""What a job of a sweep writes instead of `ranked.csv` when its input is wrong (cli.py)."""
+"""What a job of a sweep writes instead of `ranked.csv` when its input is wrong (cli/)."""
 NOTES_FILE = "notes.yaml"
-"""The search's notes on its answer, which `ranked.csv` cannot carry, beside it (cli.py)."""
+"""The search's notes on its answer, which `ranked.csv` cannot carry, beside it (cli/)."""
 NOTE_TAGS = {"headroom_note": "tight memory", "close_call_note": "close call",
              "fabric_note": "slow fabric", "mfu_convention_note": "long-context MFU",
              "dry_run_note": "dry run", "failed_launches_note": "failed launches",
@@ -62,9 +62,7 @@ EARLIER_JOBS = "earlier_jobs"
 SWEEPS_UNDER_WAY: list[Path] = []
 """The sweep directory of the `--multirun` under way in this process (set by
 `mark_sweep_start`, cleared by `mark_sweep_end`), so that a Ctrl-C, which ends the multirun
-without its end callback, can still summarize the jobs that finished (cli.py). Kept here,
-not in cli.py: `python -m layoutsearch.cli` runs that module as `__main__`, apart from the
-`layoutsearch.cli` that Hydra imports the callback from."""
+without its end callback, can still summarize the jobs that finished (`layoutsearch.cli`)."""
 
 
 def mark_sweep_start(sweep_dir: Path) -> None:

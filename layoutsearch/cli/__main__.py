@@ -1,0 +1,5 @@
+"""`python -m layoutsearch.cli`: the `layoutsearch` command."""
+
+from layoutsearch.cli import main
+
+main()
