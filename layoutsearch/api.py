@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -59,6 +60,9 @@ MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelSpec))
 MEGATRON_ARGS_ROWS = 1_000
 """search() writes the Megatron-LM arguments of at most this many fitting rows, the best
 ones (each command takes ~30 µs to build; a million-row search must not build them all)."""
+DRY_RUN_SCRIPTS_NAMED = 5
+"""Launch scripts a dry run's note names one by one: a dry run without top_k writes one per
+layout that passes the rules (1,018 for a 13B job), which would make the note a page."""
 
 
 class NoLayoutFitsWarning(UserWarning):
@@ -173,12 +177,15 @@ def search(
                      if job.num_gpus <= job.cluster.gpus_per_node else
                      f"cost_models.launcher=slurm (local runs one node; this job needs "
                      f"{job.num_gpus} GPUs, {job.cluster.gpus_per_node} a node)")
+        paths = [reason.removeprefix(DRY_RUN_REASON) for reason in scripts]
+        named = ", ".join(paths[:DRY_RUN_SCRIPTS_NAMED])
+        if len(paths) > DRY_RUN_SCRIPTS_NAMED:
+            named += (f" and {len(paths) - DRY_RUN_SCRIPTS_NAMED} more in "
+                      f"{os.path.commonpath(paths)} (each row's reason names its own)")
         ranked.attrs["dry_run_note"] = (
             f"dry run: wrote {_count(len(scripts), 'launch script')} and measured nothing "
-            f"(rows 0-{len(scripts) - 1}): "
-            + ", ".join(reason.removeprefix(DRY_RUN_REASON) for reason in scripts)
-            + f". Measure them with {launchers}; the runs land in the measurement file and "
-            "a search reads them back.")
+            f"(rows 0-{len(scripts) - 1}): {named}. Measure them with {launchers}; the runs "
+            "land in the measurement file and a search reads them back.")
     if message and len(ranked) < len(problem.candidates):
         # A sampling driver saw part of the space: what it saw says nothing of the rest.
         more = "raise its n_trials, or " if hasattr(searcher, "n_trials") else ""

@@ -352,6 +352,20 @@ def test_a_dry_run_answers_with_its_scripts_not_with_no_fit(tmp_path):
         tmp_path / "measurements.csv").empty
 
 
+def test_a_dry_run_of_many_scripts_names_a_few_and_their_folder(tmp_path):
+    settings = fake_megatron_settings(tmp_path).replace(launcher="dry_run")
+    model = MeasuredCostModel(settings=settings, measurements=tmp_path / "measurements.csv",
+                              prescreen=build_cost_model("analytic"), top_k=7)
+    ranked = layoutsearch.search(cost_model=model, **JOB)
+    scripts = [p.removeprefix("not measured: dry run: wrote ") for p in ranked.loc[:6, "reason"]]
+    note = ranked.attrs["dry_run_note"]
+    # Five named, in the ranking's order; the other two counted, with their folder.
+    assert note.startswith("dry run: wrote 7 launch scripts and measured nothing (rows 0-6): "
+                           + ", ".join(scripts[:5]) + f" and 2 more in {tmp_path / 'logs'} "
+                           "(each row's reason names its own). Measure them with ")
+    assert scripts[5] not in note and scripts[6] not in note
+
+
 def test_a_one_node_dry_run_offers_the_local_launcher_too(tmp_path):
     settings = fake_megatron_settings(tmp_path).replace(launcher="dry_run")
     model = MeasuredCostModel(settings=settings, measurements=tmp_path / "measurements.csv",
