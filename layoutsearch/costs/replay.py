@@ -47,6 +47,9 @@ FAILED_RUNS = {
 }
 """How the `cost_reason` of a layout that fits says some of its repeated runs did not finish
 ("measured: 1 of 2 runs ran out of memory"): it fits by most runs, but only just."""
+REASON_ONLY = ("failure", "failed_runs")
+"""Columns of `summarize_runs` that word a reason and change no price: the fingerprint leaves
+them out, so that a study resumes under the same file as before they were added."""
 
 
 def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
@@ -144,8 +147,9 @@ class ReplayCostModel:
         self.measured = summarize_runs(runs)
 
     def fingerprint(self) -> str:
-        """A digest of the summarized measurements (not of the file's name)."""
-        digest = pd.util.hash_pandas_object(self.measured, index=False).sum()
+        """A digest of the summarized measurements that price (not of the file's name)."""
+        digest = pd.util.hash_pandas_object(self.measured.drop(columns=list(REASON_ONLY)),
+                                            index=False).sum()
         return f"{int(digest) & (2**64 - 1):016x}"
 
     @classmethod

@@ -72,6 +72,14 @@ def test_a_layout_that_ran_in_most_runs_fits_and_says_how_many_did_not(
         "measured: out of memory"]
 
 
+def test_the_fingerprint_of_a_file_is_the_one_a_stored_study_was_made_with(
+        runs_csv: Path) -> None:
+    # The digest layoutsearch gave this file before reasons counted the runs that did not
+    # finish: an optuna study made then resumes instead of being "made for another search"
+    # (or, under its default name, silently started over).
+    assert ReplayCostModel.load(runs_csv).fingerprint() == "47a8fd77197e165e"
+
+
 def test_oom_does_not_fit_and_unmeasured_is_not_guessed(runs_csv: Path,
                                                         candidate: Any) -> None:
     model = ReplayCostModel.load(runs_csv)
