@@ -180,8 +180,9 @@ def search(
         paths = [reason.removeprefix(DRY_RUN_REASON) for reason in scripts]
         named = ", ".join(paths[:DRY_RUN_SCRIPTS_NAMED])
         if len(paths) > DRY_RUN_SCRIPTS_NAMED:
+            # Path: scripts in the folder the command ran in (log_dir: .) share "", not ".".
             named += (f" and {len(paths) - DRY_RUN_SCRIPTS_NAMED} more in "
-                      f"{os.path.commonpath(paths)} (each row's reason names its own)")
+                      f"{Path(os.path.commonpath(paths))} (each row's reason names its own)")
         ranked.attrs["dry_run_note"] = (
             f"dry run: wrote {_count(len(scripts), 'launch script')} and measured nothing "
             f"(rows 0-{len(scripts) - 1}): {named}. Measure them with {launchers}; the runs "

@@ -366,6 +366,15 @@ def test_a_dry_run_of_many_scripts_names_a_few_and_their_folder(tmp_path):
     assert scripts[5] not in note and scripts[6] not in note
 
 
+def test_a_dry_run_writing_into_the_folder_it_ran_in_names_that_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    settings = fake_megatron_settings(tmp_path).replace(launcher="dry_run", log_dir=".")
+    model = MeasuredCostModel(settings=settings, measurements=tmp_path / "measurements.csv",
+                              prescreen=build_cost_model("analytic"), top_k=6)
+    note = layoutsearch.search(cost_model=model, **JOB).attrs["dry_run_note"]
+    assert " and 1 more in . (each row's reason names its own). " in note
+
+
 def test_a_one_node_dry_run_offers_the_local_launcher_too(tmp_path):
     settings = fake_megatron_settings(tmp_path).replace(launcher="dry_run")
     model = MeasuredCostModel(settings=settings, measurements=tmp_path / "measurements.csv",
