@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +133,25 @@ def test_a_group_none_of_whose_runs_finished_is_counted_not_skipped(
     assert summary["max_regret_points"] == pytest.approx(61.0)  # of the jobs that ran
     _, alone = fidelity(runs)
     assert alone["groups_without_a_run"] == 0
+
+
+def test_the_benchmark_counts_top3_hits_of_the_jobs_that_ran_and_says_what_it_left_out(
+        tmp_path: Path, measurement_row: dict[str, Any]) -> None:
+    failed = {"status": "oom", "step_time_s": None, "mfu": None}
+    path = tmp_path / "runs.csv"
+    pd.DataFrame([measurement_row, {**measurement_row, "tp": 4, "dp": 16, "mfu": 0.5},
+                  {**measurement_row, "seq_length": 4096, **failed},
+                  {**measurement_row, "seq_length": 4096, "tp": 4, "dp": 16, **failed},
+                  ]).to_csv(path, index=False)
+    benchmark = Path(__file__).parents[1] / "benchmarks" / "fidelity.py"
+    out = subprocess.run([sys.executable, str(benchmark), "--runs", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    _, summary = fidelity(predict(path))
+    hits = int(summary["top3_hits"])
+    assert f"| top-3 hits {hits}/1 |" in out
+    assert ("1 of the 2 jobs had no run that finished (every layout out of memory): their ρ, "
+            "regret and MAPE are NaN, left out of the summary's min ρ, max regret, MAPE and "
+            "top-3 hits\n") in out
 
 
 def test_a_group_with_no_predicted_fit_regrets_its_best() -> None:
