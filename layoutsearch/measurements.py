@@ -238,7 +238,11 @@ def validate_measurements(
     return out
 
 
-READ_COLUMNS = (*REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS, "recompute_num_layers")
+OPTIONAL_FIGURES = ("peak_memory_gib", "tflops_per_gpu", "tokens_per_s")
+"""Optional measured figures (docs/measurements.md) that the replay and measured cost models
+report for a layout, without a default: a row without one has none."""
+READ_COLUMNS = (*REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS, "recompute_num_layers",
+                *OPTIONAL_FIGURES)
 """The columns layoutsearch reads a value from; others are kept as they are."""
 
 

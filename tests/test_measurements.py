@@ -432,6 +432,11 @@ def test_a_column_repeated_in_a_csv_header_is_named(
     read = read_measurements(path)
     assert (read["tp"].tolist(), read["note"].tolist(), read["note.1"].tolist()) == (
         [2], ["a"], ["b"])
+    # An optional figure a cost model reports is read too: which peak memory is the run's?
+    path.write_text(f"{header[:-4]},peak_memory_gib,peak_memory_gib\n{line[:-3]},70,90\n")
+    with pytest.raises(LayoutSearchError, match=r"runs.csv: column\(s\) 'peak_memory_gib' "
+                                                r"appear more than once; keep one of each"):
+        read_measurements(path)
 
 
 def test_a_partial_full_recompute_is_refused_not_priced_as_full(

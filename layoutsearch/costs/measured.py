@@ -32,6 +32,7 @@ from layoutsearch.measurements import (
     JOB_KEY,
     MEASUREMENT_KEY,
     OPTIONAL_DEFAULTS,
+    OPTIONAL_FIGURES,
     REQUIRED_COLUMNS,
     is_parquet,
     parse_csv,
@@ -56,8 +57,7 @@ if sys.platform != "win32":  # where there is no flock, `import layoutsearch` st
     import fcntl
 
 FILE_COLUMNS = (
-    *REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS, "peak_memory_gib", "tflops_per_gpu",
-    "tokens_per_s", "source", "message", "log_path",
+    *REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS, *OPTIONAL_FIGURES, "source", "message", "log_path",
 )
 """Columns of the rows the model appends (schema-required first, then optional ones): every
 column of MEASUREMENT_KEY, so a row read back matches the layout it measured."""
