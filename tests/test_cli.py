@@ -189,6 +189,19 @@ def test_help_lists_exactly_the_config_groups(tmp_path: Path) -> None:
     ("job.num_gpus=8", "job.num_gpus: unknown setting 'job';"),
     ("+job.num_gpus=8", "valid setting names: cluster, cost_models, driver, emit, "),
     ("job.num_gpus=8", "; num_gpus is a setting of its own: num_gpus=..."),
+    # Below a setting of one value, or a field no spec has: Hydra would stop with status 1
+    # ('Key ... is not in struct') or, below search_spaces.tp, a traceback from omegaconf.
+    ("megatron.log_dir=.", "megatron.log_dir: megatron holds one value, not settings of its "
+                           "own (the name or YAML path of Megatron-LM settings; set their "
+                           "fields in that file, or as cost_models.megatron.<field> with "
+                           "cost_models=measured); set megatron=..."),
+    ("num_gpus.x=1", "num_gpus.x: num_gpus holds one value, not settings of its own; "
+                     "set num_gpus=..."),
+    ("search_spaces.tp.x=1", "search_spaces.tp.x: search_spaces.tp holds one value, not "
+                             "settings of its own; set search_spaces.tp=..."),
+    ("model.foo.bar=1", "model.foo.bar: unknown model field 'foo'"),
+    ("+cluster.gpu.peak.x=1", "cluster.gpu.peak.x: unknown cluster.gpu field 'peak'; did you "
+                              "mean 'peak_tflops'?"),
 ])
 def test_unknown_settings_name_the_closest_valid_one(override: str, message: str) -> None:
     with pytest.raises(LayoutSearchError, match=re.escape(message)):
@@ -198,7 +211,8 @@ def test_unknown_settings_name_the_closest_valid_one(override: str, message: str
 def test_known_and_added_settings_pass_the_check() -> None:
     check_group_choices(["num_gpus=128", "model.vocab_size=32000", "cluster.gpu.memory_gib=94",
                          "search_spaces.tp=[1,2]", "hydra.job.chdir=false", "top_k=3",
-                         "cost_models=measured", "cost_models.top_k=8"])
+                         "cost_models=measured", "cost_models.top_k=8",
+                         "cost_models.megatron.log_dir=."])
 
 
 def test_hydra_config_groups_are_left_to_hydra(tmp_path: Path) -> None:

@@ -85,7 +85,8 @@ def _known_keys() -> dict[str, list[str]]:
     """Top-level settings, and the fields of those whose fields are fixed, for `check_key`."""
     primary = _primary_config()
     known = {name: [f.name for f in dataclasses.fields(cls)] for name, cls in SPEC_FIELDS.items()}
-    known[""] = sorted({*primary, *GROUP_DIRS} - {"defaults"})
+    # Hydra's own settings (hydra.*) are Hydra's to check, and no setting of the search.
+    known[""] = sorted({*primary, *GROUP_DIRS} - {"defaults", "hydra"})
     return known
 
 
@@ -287,6 +288,7 @@ def check_key(override: Override, known: Mapping[str, list[str]]) -> None:
         own = f"; {name} is a setting of its own: {name}=..." if name in known[""] else ""
         raise LayoutSearchError(f"{key}: " + unknown_name_message("setting", top, known[""])
                                 + own)
+    _check_nesting(key, known)
     adds_top_level = override.type in (OverrideType.ADD, OverrideType.FORCE_ADD) and not parent
     if override.type is not OverrideType.CHANGE and not adds_top_level:
         return
@@ -294,6 +296,35 @@ def check_key(override: Override, known: Mapping[str, list[str]]) -> None:
         where = f"{parent} field" if parent else "setting"
         hint = f"; {DP_IS_DERIVED}" if key == "search_spaces.dp" else ""
         raise LayoutSearchError(unknown_name_message(where, name, known[parent]) + hint)
+
+
+def _check_nesting(key: str, known: Mapping[str, list[str]]) -> None:
+    """Reject a key below a setting that holds one value (`megatron.log_dir=.`,
+    `search_spaces.tp.x=1`) or below a field a spec does not have (`model.foo.bar=1`):
+    Hydra would stop with status 1 ("Key 'foo' is not in struct") or a traceback. Keys
+    below the groups whose options differ in their keys (cost_models, driver) are left to
+    check_setting_key and Hydra."""
+    segments = key.split(".")
+    if len(segments) < 2:
+        return
+    if segments[0] not in GROUP_DIRS:
+        hint = (" (the name or YAML path of Megatron-LM settings; set their fields in that "
+                "file, or as cost_models.megatron.<field> with cost_models=measured)"
+                if segments[0] == "megatron" else "")
+        raise LayoutSearchError(f"{key}: {segments[0]} holds one value, not settings of its "
+                                f"own{hint}; set {segments[0]}=...")
+    node = segments[0]
+    for segment in segments[1:-1]:
+        if node not in known:
+            return  # an option's own keys
+        if segment not in known[node]:
+            raise LayoutSearchError(f"{key}: " + unknown_name_message(f"{node} field", segment,
+                                                                       known[node]))
+        child = f"{node}.{segment}"
+        if child not in known:
+            raise LayoutSearchError(f"{key}: {child} holds one value, not settings of its "
+                                    f"own; set {child}=...")
+        node = child
 
 
 def user_config_folders(args: argparse.Namespace,
