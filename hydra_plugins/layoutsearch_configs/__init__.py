@@ -24,7 +24,8 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import OmegaConf
 
 # The primary config folder of layoutsearch.cli as Hydra names it: "pkg://layoutsearch.conf"
-# when run as an installed module, "file://.../layoutsearch/conf" when run as a script.
+# (the console script and `python -m layoutsearch.cli` both run it as a module), or a
+# "file://.../layoutsearch/conf" path where an application names the folder itself.
 _MAIN_CONFIG_SUFFIXES = ("layoutsearch.conf", "layoutsearch/conf")
 
 

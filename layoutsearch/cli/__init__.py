@@ -249,6 +249,9 @@ class MultirunSummary(Callback):
             sys.exit(USER_ERROR_STATUS)
 
 
+# Hydra resolves config_path against the package of the function's module, taking the last
+# dotted part of "layoutsearch.cli" for a module name (hydra/_internal/utils.py,
+# compute_search_path_dir): "conf" is pkg://layoutsearch/conf, beside this package.
 @hydra.main(version_base="1.3", config_path="conf", config_name=CONFIG_NAME)
 def _app(cfg: DictConfig) -> None:
     hydra_config = HydraConfig.get()
