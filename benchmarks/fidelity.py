@@ -5,7 +5,7 @@ two error kinds, Spearman ρ of predicted against measured MFU, top-1 regret in 
 whether the measured best is among the top 3 predicted, and MFU MAPE; then the summary
 and the targets of the core-engine issue; then how often two layouts of one job ran in the
 order opposite to the predicted one, by their gap in predicted MFU (the source of the
-search's close-call note, layoutsearch.results.CLOSE_CALL_GAP); last, where the model errs:
+search's close-call note, layoutsearch.notes.CLOSE_CALL_GAP); last, where the model errs:
 its mean signed MFU error per value of each knob and per band of predicted memory headroom,
 per job and over all jobs; and what switching one knob does to twin layouts, measured
 against predicted (FlashAttention 1 -> 2 by pp, the RMSNorm kernel, full recompute -> none
@@ -35,7 +35,7 @@ from layoutsearch.fidelity import (
     run_noise,
     signed_errors,
 )
-from layoutsearch.results import CLOSE_CALL_GAP, TIGHT_HEADROOM_GIB
+from layoutsearch.notes import CLOSE_CALL_GAP, TIGHT_HEADROOM_GIB
 
 ERROR_KNOBS = ("tp", "pp", "micro_batch_size", "recompute", "attention", "rmsnorm_kernel")
 KNOB_SWITCHES = (  # knob, before, after, split by

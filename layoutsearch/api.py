@@ -37,21 +37,18 @@ from layoutsearch.megatron.emit import (
 )
 from layoutsearch.megatron.launchers import DRY_RUN_REASON
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
-from layoutsearch.problem import SearchProblem
-from layoutsearch.results import (
-    JOB,
-    NOTED_FOR,
+from layoutsearch.no_fit import no_fit_message
+from layoutsearch.notes import (
     batch_note,
     close_call_note,
     fabric_note,
     failed_launches_note,
     headroom_note,
     mfu_convention_note,
-    no_fit_message,
-    notes_key,
-    rank,
     rejected_commands_note,
 )
+from layoutsearch.problem import SearchProblem
+from layoutsearch.results import JOB, NOTED_FOR, notes_key, rank
 from layoutsearch.rules import violations
 from layoutsearch.space import DP_IS_DERIVED, KNOBS, SearchSpace
 from layoutsearch.specs import ClusterSpec, Job, ModelSpec

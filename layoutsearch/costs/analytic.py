@@ -112,7 +112,7 @@ class AnalyticCostModel:
             "fits": fits,
             # GPU memory minus the predicted peak (negative: over). On the study's runs the
             # FlashAttention layouts predicted to fit that ran out of memory had under 5 GiB
-            # of it, fused and torch ones under 13 GiB (results.safe_headroom_gib): treat a
+            # of it, fused and torch ones under 13 GiB (notes.safe_headroom_gib): treat a
             # layout with less headroom than that as a gamble, and prefer the next one if
             # the gap is small.
             "headroom_gib": (shapes.memory_bytes - peak_bytes) / GIB,

@@ -16,7 +16,7 @@ import pandas as pd
 
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
-from layoutsearch.results import priced_a_sample
+from layoutsearch.notes import priced_a_sample
 
 TIME_NAMES = {
     "gemm": "matrix multiplies",

@@ -17,7 +17,7 @@ from layoutsearch.costs.shapes import Shapes
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.fidelity import collapse_twins, fidelity
 from layoutsearch.measurements import read_measurements
-from layoutsearch.results import TIGHT_HEADROOM_GIB, TIGHT_HEADROOM_OTHER_KERNELS_GIB
+from layoutsearch.notes import TIGHT_HEADROOM_GIB, TIGHT_HEADROOM_OTHER_KERNELS_GIB
 from tests.costs.builders import score, table
 from tests.study_runs import STUDY_RUNS, needs_study_runs
 
