@@ -35,6 +35,8 @@ from layoutsearch.calibration.timing import (
     DISORDER_WIDTH,
     PRIOR_SPREAD,
     REGRET_WEIGHT,
+    TIME_ERROR_SMOOTHING,
+    TIME_ERROR_WEIGHT,
     TimeObjective,
 )
 from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
@@ -154,7 +156,7 @@ def test_time_loss_charges_a_pair_predicted_in_the_wrong_order(monkeypatch):
     log_fast, log_slow = np.log(pair["step_time_s"])
     gap = log_slow - log_fast
     objective = TimeObjective(pair, clusters_by_gpu())
-    # Both predictions are off by `offset` in log time on each run (the same squared error);
+    # Both predictions are off by `offset` in log time on each run (the same time error);
     # one spreads the runs apart, the other swaps them by half their gap.
     offset = 0.75 * gap
     apart = np.exp([log_fast - offset, log_slow + offset])
@@ -173,9 +175,13 @@ def test_time_loss_charges_a_pair_predicted_in_the_wrong_order(monkeypatch):
         return DISORDER_WEIGHT * DISORDER_WIDTH * float(np.logaddexp(0, -predicted_gap
                                                                         / DISORDER_WIDTH))
     regret = REGRET_WEIGHT * 100 * (pair["mfu"].iloc[0] - pair["mfu"].iloc[1])
-    assert loss_of(apart) == pytest.approx(offset ** 2 + disorder(gap + 2 * offset), rel=1e-9)
+    # Each run is off by `offset`: the time term is its absolute log error, smoothed below
+    # TIME_ERROR_SMOOTHING (the two runs weigh half each).
+    time_error = TIME_ERROR_WEIGHT * (np.hypot(offset, TIME_ERROR_SMOOTHING)
+                                      - TIME_ERROR_SMOOTHING)
+    assert loss_of(apart) == pytest.approx(time_error + disorder(gap + 2 * offset), rel=1e-9)
     assert loss_of(swapped) == pytest.approx(
-        offset ** 2 + disorder(gap - 2 * offset) + regret, rel=1e-9)
+        time_error + disorder(gap - 2 * offset) + regret, rel=1e-9)
     assert disorder(gap + 2 * offset) < 1e-9
     assert 0 < disorder(gap - 2 * offset) - (2 * offset - gap) < DISORDER_WIDTH * np.log(2)
 

@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A config name as given; a file by its full path, as `data`.
         "base": args.base if Path(args.base).suffix not in CONSTANTS_SUFFIXES
         else str(base_file.resolve()), "free": free or "default",
-        "method": f"memory constants: {memory_method}; time constants: squared log "
+        "method": f"memory constants: {memory_method}; time constants: absolute log "
                   "step-time error + per-job pair-order and regret penalties + log-normal pull "
                   "to the base (coordinate scan, Nelder-Mead), within physical and published "
                   "bounds",

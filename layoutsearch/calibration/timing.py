@@ -1,6 +1,6 @@
 """Fit the time constants to measured step times, with the ranking a search acts on.
 
-The loss of one GPU kind's rows: the squared log error of the step time over `ok` rows
+The loss of one GPU kind's rows: the absolute log error of the step time over `ok` rows
 (MFU error is the same error; every sweep weighs the same), plus, per sweep, a penalty for
 pairs of runs predicted in the wrong order (a smooth stand-in for Spearman's ρ, below) and
 for the top-1 regret of the pick among rows predicted to fit (an `oom` pick scores 0,
@@ -27,9 +27,24 @@ from layoutsearch.costs.constants import AnalyticConstants
 from layoutsearch.fidelity import GROUP_COLUMNS
 from layoutsearch.specs import ClusterSpec
 
+TIME_ERROR_WEIGHT = 0.2
+"""Loss per unit of mean absolute log step-time error (0.01 at 5 % error).
+
+The figure a fit is judged by, MFU MAPE, is a mean absolute error, so the fit minimizes one
+rather than the squared error, which lets the few runs far off the model (LLaMA 13B's
+FlashAttention-2 runs at pp 2, 20-37 % slower than their FlashAttention-1 twins) pull every
+constant. On the study's runs, against the squared log error at weight 1: in-sample MFU MAPE
+4.9 % against 5.05 % at the same min ρ (0.901 against 0.900); leave-one-job-out pooled min ρ
+0.85 against 0.80 and MFU MAPE 6.9 % against 7.4 %, four held-out jobs at least as good as
+the prior either way. The weight trades MFU error against the ranking penalties: 0.05 (the
+squared loss's pull at a 5 % error) gave in-sample MAPE 5.9 % and min ρ 0.911, 0.4 gave
+4.7 % and 0.892; 0.2 keeps the ranking where the squared loss left it."""
+TIME_ERROR_SMOOTHING = 0.005
+"""Log error (0.5 %) below which the absolute error is rounded into a parabola,
+sqrt(e² + s²) − s, so that the simplex search meets no kink at zero."""
 DISORDER_WEIGHT = 1.0
-"""Loss per unit of a sweep's mean pair disorder (averaged over sweeps), against the mean
-squared log step-time error (~0.005 at 5 % error)."""
+"""Loss per unit of a sweep's mean pair disorder (averaged over sweeps), against the time
+error term (0.01 at 5 % error)."""
 DISORDER_WIDTH = 0.05
 """Log step-time margin (5 %) over which a pair's disorder goes from ~0 to its error.
 
@@ -39,8 +54,8 @@ DISORDER_WIDTH · softplus(−gap / DISORDER_WIDTH), a smooth bound of max(0, �
 ρ itself moves in steps that a simplex search cannot follow. On the study's runs, when it
 replaced a penalty on 1 − ρ, this stand-in raised the pooled leave-one-job-out min ρ from
 0.79 to 0.86 and cut its MFU MAPE from 7.4 % to 6.6 %; widths of 0.02-0.05 gave 0.85-0.88,
-a width of 0.1 was as blunt as ρ. Changes to the cost model since have moved the pooled
-figures layoutsearch-calibrate prints to min ρ 0.80 and MFU MAPE 7.4 %."""
+a width of 0.1 was as blunt as ρ (all with a squared time error, before later changes to the
+cost model)."""
 REGRET_WEIGHT = 0.002
 """Loss per MFU point of top-1 regret, per sweep (averaged over sweeps)."""
 PRIOR_WEIGHT = 0.001
@@ -106,8 +121,9 @@ class TimeObjective:
     def __call__(self, constants: AnalyticConstants) -> float:
         scored = AnalyticCostModel({self.gpu: constants}).score(self.rows, self.clusters)
         log_step = np.log(scored["step_time_s"].to_numpy())
-        error = log_step - self.log_measured
-        loss = float(np.sum(self.time_weight[self.ok] * error[self.ok] ** 2))
+        error = (log_step - self.log_measured)[self.ok]
+        absolute = np.sqrt(error ** 2 + TIME_ERROR_SMOOTHING ** 2) - TIME_ERROR_SMOOTHING
+        loss = TIME_ERROR_WEIGHT * float(np.sum(self.time_weight[self.ok] * absolute))
         fits = scored["fits"].to_numpy(dtype=bool)
         for sweep, (faster, slower) in zip(self.sweeps, self.pairs, strict=True):
             if len(faster):
