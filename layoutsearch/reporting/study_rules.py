@@ -78,8 +78,13 @@ def _verdicts(ranked: pd.DataFrame, job: Job, best: pd.Series,
         detail += f", but tp·pp·cp={least} fits; the rules' layout: {compare(best, paper)}"
     out.append(RuleVerdict(rule="the least model parallelism that fits",
                            follows=None if least is None else size <= least, detail=detail))
-    deeper = ranked[same_except(ranked, best, ("tp", "pp", "dp"))
-                    & (ranked["tp"] * ranked["pp"] == size) & (ranked["pp"] > best["pp"])
+    # The same tp·pp split with more of it in pipeline stages: cp and dp stay as they are,
+    # and so does sequence parallelism, which tp 1 has none of.
+    split = int(best["tp"]) * int(best["pp"])
+    deeper = ranked[same_except(ranked, best, ("tp", "pp", "sequence_parallel"))
+                    & ((ranked["sequence_parallel"] == best["sequence_parallel"])
+                       | (ranked["tp"] == 1))
+                    & (ranked["tp"] * ranked["pp"] == split) & (ranked["pp"] > best["pp"])
                     & ranked["fits"].astype(bool)]
     detail = f"tp{int(best['tp'])} pp{int(best['pp'])}"
     if not deeper.empty:

@@ -80,3 +80,36 @@ def test_context_parallelism_counts_as_model_parallelism(ranked: pd.DataFrame) -
     assert check is not None and check.paper is not None and check.paper.name != idx
     verdict = {v.rule: v for v in check.verdicts}["the least model parallelism that fits"]
     assert verdict.follows is False and verdict.detail.startswith("tp·pp·cp=2, but tp·pp·cp=1")
+
+
+def test_pipeline_before_tensor_compares_splits_of_the_same_tp_pp_under_context_parallelism(
+) -> None:
+    # tp2 pp4 cp4 wins; its pipeline-heavier split of tp·pp = 8 is tp1 pp8 (cp4), which does
+    # not fit: the rule is followed. tp2 pp16, four times the model parallelism, is not the
+    # same split and must not be named as the rule's alternative.
+    ranked = layoutsearch.search(
+        model="llama3_70b", cluster="h100_sxm", num_gpus=512, seq_length=8192,
+        global_batch_size=1024, search_space="default", cp=[4], tp=[1, 2], pp=[4, 8, 16],
+        attention=["flash3"], recompute=["none"], vp=[1])
+    best = ranked.iloc[0]
+    assert (best["tp"], best["pp"], best["cp"]) == (2, 4, 4)
+    assert not ranked[(ranked["tp"] == 1) & (ranked["pp"] == 8)]["fits"].any()
+    check = check_study_rules(ranked, job_of(ranked, "test"))
+    assert check is not None
+    verdict = next(v for v in check.verdicts if v.rule == "pipeline before tensor parallelism")
+    assert (verdict.follows, verdict.detail) == (True, "tp2 pp4")
+
+
+def test_pipeline_before_tensor_weighs_the_tp1_split_without_sequence_parallelism(
+        ranked: pd.DataFrame) -> None:
+    # A tp2 sp layout on top: its pipeline-heavier split is tp1 pp2, which has no sequence
+    # parallelism, fits and loses; the rule is departed from, naming it.
+    idx = ranked.index[ranked["fits"] & (ranked["tp"] == 2) & (ranked["pp"] == 1)
+                       & ranked["sequence_parallel"]][0]
+    check = check_study_rules(pd.concat([ranked.loc[[idx]], ranked.drop(index=idx)]),
+                              job_of(ranked, "test"))
+    assert check is not None
+    verdict = next(v for v in check.verdicts if v.rule == "pipeline before tensor parallelism")
+    assert verdict.follows is False
+    assert "more pipeline stages lose: tp1 pp2 dp32" in verdict.detail
+
