@@ -100,13 +100,18 @@ def _verdicts(ranked: pd.DataFrame, job: Job, best: pd.Series,
         f"sequence_parallel={sp}" + ("" if sp == wanted else "; as the rule says: " + _versus(
             best, twin(ranked, best, sequence_parallel=wanted), f"sequence_parallel={wanted}")),
     ))
-    kernels = str(best["attention"]) == "flash2" and bool(best["rmsnorm_kernel"])
+    # The fused RMSNorm kernel is for RMSNorm models: for a LayerNorm one the rule asks
+    # FlashAttention 2 alone, as drivers.paper applies it.
+    rmsnorm = job.model.normalization == "RMSNorm"
+    kernels = str(best["attention"]) == "flash2" and bool(best["rmsnorm_kernel"]) == rmsnorm
+    detail = f"{best['attention']}, rmsnorm_kernel={bool(best['rmsnorm_kernel'])}"
+    if not rmsnorm:
+        detail += f" (the RMSNorm kernel does not apply to a {job.model.normalization} model)"
     out.append(RuleVerdict(
         rule="FlashAttention 2 with the RMSNorm kernel", follows=kernels,
-        detail=f"{best['attention']}, rmsnorm_kernel={bool(best['rmsnorm_kernel'])}"
-        + ("" if kernels else "; with them: " + _versus(
-            best, twin(ranked, best, attention="flash2", rmsnorm_kernel=True),
-            "flash2 + RMSNorm kernel")),
+        detail=detail + ("" if kernels else "; with them: " + _versus(
+            best, twin(ranked, best, attention="flash2", rmsnorm_kernel=rmsnorm),
+            "flash2" + " + RMSNorm kernel" * rmsnorm)),
     ))
     if mb > 1:
         out.append(RuleVerdict(

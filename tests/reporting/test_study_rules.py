@@ -113,3 +113,27 @@ def test_pipeline_before_tensor_weighs_the_tp1_split_without_sequence_parallelis
     assert verdict.follows is False
     assert "more pipeline stages lose: tp1 pp2 dp32" in verdict.detail
 
+
+def test_a_layernorm_model_follows_the_kernel_rule_with_flash2_alone() -> None:
+    # GPT-3 uses LayerNorm: the fused RMSNorm kernel is not for it, so flash2 without the
+    # kernel follows the rule, and the rule's alternative is not a layout no rule lets run.
+    ranked = layoutsearch.search(model="gpt3_175b", num_gpus=1024, seq_length=2048,
+                                 global_batch_size=1536,
+                                 tp=[4], pp=[16], recompute=["none"], micro_batch_size=[1])
+    best = ranked.iloc[0]
+    assert (best["attention"], bool(best["rmsnorm_kernel"])) == ("flash2", False)
+    check = check_study_rules(ranked, job_of(ranked, "test"))
+    assert check is not None
+    verdict = next(v for v in check.verdicts
+                   if v.rule == "FlashAttention 2 with the RMSNorm kernel")
+    assert verdict.follows is True
+    assert "does not apply to a LayerNorm model" in verdict.detail
+    assert "was not priced" not in verdict.detail
+    fused = pd.concat([ranked[ranked["attention"] == "fused"].head(1),
+                       ranked[ranked["attention"] != "fused"]])
+    check = check_study_rules(fused, job_of(ranked, "test"))
+    assert check is not None
+    verdict = next(v for v in check.verdicts
+                   if v.rule == "FlashAttention 2 with the RMSNorm kernel")
+    assert verdict.follows is False
+    assert "; with them: tp4 pp16 dp16 mb1 sp flash2 recompute=none reaches" in verdict.detail
