@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from layoutsearch.drivers.paper import paper_choice, wants_sequence_parallel
+from layoutsearch.notes import priced_a_sample
 from layoutsearch.reporting.explain import compare, label, require_ranking, same_except, twin
 from layoutsearch.specs import Job
 
@@ -144,5 +145,10 @@ def check_study_rules(ranked: pd.DataFrame, job: Job) -> StudyCheck | None:
     else:
         summary = (f"the study's rules miss the best layout by {gap:.1f} MFU points: "
                    + compare(best, paper, top=3))
+    if priced_a_sample(ranked):
+        # A sampling driver's rows (or a selection): the rules' pick, and what fits, are of
+        # these rows only; the space may hold a layout the rules would take instead.
+        summary += (f" (judged on the {len(ranked)} of the space's "
+                    f"{int(ranked.attrs['space_size'])} layouts these rows hold)")
     return StudyCheck(verdicts=tuple(_verdicts(ranked, job, best, paper)), best=best,
                       paper=paper, gap_points=gap, summary=summary)

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 import layoutsearch
-from layoutsearch.reporting.explain import compare, why_rejected
+from layoutsearch.reporting.explain import compare, label, why_rejected
 from layoutsearch.reporting.study_rules import check_study_rules
 from layoutsearch.results import job_of
 
@@ -137,3 +137,17 @@ def test_a_layernorm_model_follows_the_kernel_rule_with_flash2_alone() -> None:
                    if v.rule == "FlashAttention 2 with the RMSNorm kernel")
     assert verdict.follows is False
     assert "; with them: tp4 pp16 dp16 mb1 sp flash2 recompute=none reaches" in verdict.detail
+
+
+def test_rules_judged_on_a_sample_say_so(ranked: pd.DataFrame) -> None:
+    # An optuna search's rows, or a selection, may leave out the layout the rules would take
+    # on the whole space (here tp1 pp1): "the rules pick the best layout" is of the rows.
+    sample = ranked[ranked["pp"] == 4]
+    check = check_study_rules(sample, job_of(ranked, "test"))
+    assert check is not None
+    assert check.summary == (f"the study's rules pick the best layout, "
+                             f"{label(sample.iloc[0])} "
+                             f"(judged on the {len(sample)} of the space's 2240 layouts these "
+                             f"rows hold)")
+    whole = check_study_rules(ranked, job_of(ranked, "test"))
+    assert whole is not None and "judged on" not in whole.summary
