@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from layoutsearch.costs.base import MEASURED
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.notes import priced_a_sample
@@ -92,9 +93,11 @@ def compare(winner: pd.Series, other: pd.Series, *, top: int = 2) -> str:
     require_ranking(other, "compare(other)", ("fits", "reason"))
     if not bool(other["fits"]):
         # No MFU: the layout breaks a rule or the cost model has no figures for it (a
-        # replay's unmeasured layout); it was not priced, which is not "does not fit".
+        # replay's unmeasured layout); it was not priced, which is not "does not fit". A
+        # layout whose runs failed (out of memory) has no MFU either, but it was tried.
         unpriced = "mfu" in other.index and pd.isna(other["mfu"])
-        verdict = "was not priced" if unpriced else "does not fit"
+        verdict = ("did not run" if str(other["reason"]).startswith(MEASURED)
+                   else "was not priced" if unpriced else "does not fit")
         return f"{label(other)} {verdict}: {other['reason'] or 'no reason given'}"
     for row, name in ((winner, "winner"), (other, "other")):
         require_ranking(row, f"compare({name})", ("mfu", "step_time_s"))

@@ -151,3 +151,18 @@ def test_rules_judged_on_a_sample_say_so(ranked: pd.DataFrame) -> None:
                              f"rows hold)")
     whole = check_study_rules(ranked, job_of(ranked, "test"))
     assert whole is not None and "judged on" not in whole.summary
+
+
+def test_compare_says_a_layout_whose_runs_failed_did_not_run() -> None:
+    # A replay's out-of-memory run has no MFU, like an unmeasured layout, but it was tried.
+    base = {"tp": 1, "pp": 1, "dp": 64, "cp": 1, "vp": 1, "micro_batch_size": 2,
+            "sequence_parallel": False, "attention": "flash2", "rmsnorm_kernel": True,
+            "recompute": "none", "distributed_optimizer": True, "mfu": float("nan"),
+            "step_time_s": float("nan"), "fits": False}
+    winner = pd.Series({**base, "micro_batch_size": 1, "mfu": 0.7, "step_time_s": 26.5,
+                        "fits": True, "reason": ""})
+    oom = pd.Series({**base, "reason": "measured: out of memory"})
+    assert compare(winner, oom).endswith("mb2 flash2+rmsnorm recompute=none did not run: "
+                                         "measured: out of memory")
+    unmeasured = pd.Series({**base, "reason": "unmeasured: no measurement of this layout"})
+    assert " was not priced: unmeasured: " in compare(winner, unmeasured)
