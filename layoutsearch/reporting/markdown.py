@@ -79,7 +79,7 @@ def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
                   f"layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
                   f"vocabulary {m.vocab_size}"],
         ["GPUs", f"{job.num_gpus} × {job.cluster.gpu.name} ({job.cluster.gpus_per_node} per "
-                 f"node, {job.cluster.gpu.memory_gib:.0f} GiB each)"],
+                 f"node, {job.cluster.gpu.memory_gib:g} GiB each)"],
         ["sequence length", f"{job.seq_length} tokens"],
         ["global batch", f"{job.global_batch_size} sequences = {job.tokens_per_step} tokens"],
         ["candidates", counts_line(ranked)],

@@ -59,7 +59,7 @@ def breakdown_figure(bars: Sequence[tuple[str, pd.Series]], *, gpu_memory_gib: f
     time_ax.set_title("Step time breakdown")
     _stacked(memory_ax, bars, memory_columns(frame))
     memory_ax.axvline(gpu_memory_gib, color="black", linestyle="--", linewidth=1.2,
-                      label=f"GPU memory ({gpu_memory_gib:.0f} GiB)")
+                      label=f"GPU memory ({gpu_memory_gib:g} GiB)")
     memory_ax.set_xlabel("peak memory per GPU (GiB)")
     memory_ax.set_title("Memory breakdown (the GPU with the highest peak)")
     for ax in (time_ax, memory_ax):
@@ -94,7 +94,7 @@ def mfu_memory_figure(ranked: pd.DataFrame, *, gpu_memory_gib: float,
                    alpha=0.5, color="tab:red",
                    label=f"needs > {x_max:.0f} GiB ({int(beyond.sum())} layouts, at the edge)")
     ax.axvline(gpu_memory_gib, color="black", linestyle="--", linewidth=1.2,
-               label=f"GPU memory limit ({gpu_memory_gib:.0f} GiB)")
+               label=f"GPU memory limit ({gpu_memory_gib:g} GiB)")
     for (name, row), marker in zip(marks, ("*", "D", "s", "^"), strict=False):
         ax.scatter([row["peak_memory_gib"]], [100 * row["mfu"]], s=180 if marker == "*" else 70,
                    marker=marker, color="gold", edgecolor="black", zorder=5,

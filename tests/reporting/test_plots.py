@@ -58,3 +58,15 @@ def test_heatmap_cells_are_the_best_mfu_per_tp_pp(ranked: pd.DataFrame) -> None:
             else:
                 assert values[i, j] == pytest.approx(100 * cell["mfu"].max()), (tp, pp)
     assert np.isfinite(values).sum() >= 2 and np.isnan(values).any()
+
+
+def test_the_memory_limit_is_labelled_with_the_capacity_it_is_drawn_at(
+        ranked: pd.DataFrame) -> None:
+    # An H100 holds 79.6 GiB: the rows' "needs 81.8 GiB > 79.6 GiB" and their headroom are
+    # against that, so the line's label must not round it to 80.
+    best = ranked.iloc[0]
+    labels = [t.get_text() for ax in breakdown_figure([("best", best)], gpu_memory_gib=79.6).axes
+              for t in ax.get_legend().get_texts()]
+    assert "GPU memory (79.6 GiB)" in labels
+    ax = mfu_memory_figure(ranked, gpu_memory_gib=79.6).axes[0]
+    assert "GPU memory limit (79.6 GiB)" in [t.get_text() for t in ax.get_legend().get_texts()]

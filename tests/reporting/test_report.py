@@ -187,3 +187,11 @@ def test_an_empty_ranking_has_nothing_to_explain_and_no_report(ranked, tmp_path)
     with pytest.raises(LayoutSearchError, match=r"report\(result\): the result has no rows"):
         write_report(empty, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_job_table_gives_the_gpu_memory_the_fit_calls_use(tmp_path: Path) -> None:
+    # An H100 holds 79.6 GiB; rows that do not fit say "> 79.6 GiB": the job table agrees.
+    h100 = layoutsearch.search(model="llama3_8b", cluster="h100_sxm", num_gpus=8,
+                               seq_length=2048, global_batch_size=256)
+    text = layoutsearch.report(h100, tmp_path / "h100").read_text()
+    assert "| GPUs | 8 × h100_sxm (8 per node, 79.6 GiB each) |" in text
