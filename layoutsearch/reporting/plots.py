@@ -140,7 +140,8 @@ def tp_pp_heatmap(ranked: pd.DataFrame) -> Figure:
     ax.set_xlabel("tensor parallel size tp")
     ax.set_ylabel("pipeline parallel size pp")
     ax.set_title("Best MFU (%) per tp × pp (other knobs at their best)")
-    fig.colorbar(image, ax=ax, label="best MFU (%)")
+    if np.isfinite(values).any():  # nothing fits: no MFU for a colour scale to show
+        fig.colorbar(image, ax=ax, label="best MFU (%)")
     return fig
 
 

@@ -70,3 +70,10 @@ def test_the_memory_limit_is_labelled_with_the_capacity_it_is_drawn_at(
     assert "GPU memory (79.6 GiB)" in labels
     ax = mfu_memory_figure(ranked, gpu_memory_gib=79.6).axes[0]
     assert "GPU memory limit (79.6 GiB)" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_a_heatmap_where_nothing_fits_has_no_mfu_scale(ranked: pd.DataFrame) -> None:
+    # Every cell is grey and says why: a colour bar would show an MFU scale of -0.1 to 0.1 %.
+    fig = tp_pp_heatmap(ranked.assign(fits=False))
+    assert len(fig.axes) == 1
+    assert len(tp_pp_heatmap(ranked).axes) == 2  # the heatmap and its colour bar
