@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from layoutsearch.costs.base import MEASURED
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.specs import Job
@@ -61,12 +62,18 @@ def notes_key(ranked: pd.DataFrame) -> tuple[int, str]:
 
 
 def counts_line(ranked: pd.DataFrame) -> str:
-    """'2240 layouts, 1712 priced, 1350 fit'; with the rows a sampling driver returned
+    """'2240 layouts, 1712 priced, 1350 fit' (', 18 failed when run' where measured runs of
+    some layouts failed); with the rows a sampling driver returned
     ('2240 layouts, 50 tried, 50 priced, 42 fit') when it did not try the whole space; and
     of a selection of the search's rows, those shown ('400 shown of a search of 2240
     layouts, 380 priced, 300 fit')."""
     size = int(ranked.attrs.get("space_size", len(ranked)))
     priced = f"{int(ranked['mfu'].notna().sum())} priced, {int(ranked['fits'].sum())} fit"
+    # A measured layout whose runs failed has no MFU, but it was no more left unpriced than
+    # one that ran: a replay's "12 priced" beside a file of 30 runs must say where 18 went.
+    failed = int((ranked["reason"].str.startswith(MEASURED) & ranked["mfu"].isna()).sum())
+    if failed:
+        priced += f", {failed} failed when run"
     returned = int(ranked.attrs.get(NOTED_FOR, (len(ranked), ""))[0])
     if len(ranked) < returned:
         # pandas copies attrs into a selection: the space size is the search's, not its own.

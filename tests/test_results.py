@@ -68,6 +68,18 @@ def test_counts_say_when_a_driver_tried_part_of_the_space() -> None:
     assert counts_line(ranked) == "2240 layouts, 3 tried, 2 priced, 1 fit"
 
 
+def test_counts_say_how_many_measured_layouts_failed_when_run() -> None:
+    # A replay's or a measured search's failed runs have no MFU, yet were not left unpriced;
+    # a layout that fits by most of its runs is priced, whatever its reason says.
+    ranked = rank(scored([
+        {"tp": 1, "mfu": 0.5, "fits": True, "reason": "measured: 1 of 2 runs ran out of memory"},
+        {"tp": 2, "reason": "measured: out of memory"},
+        {"tp": 4, "reason": "measured oom: CUDA out of memory"},
+        {"tp": 8, "reason": "unmeasured: tp=8 was never run"},
+    ]))
+    assert counts_line(ranked) == "4 layouts, 1 priced, 1 fit, 2 failed when run"
+
+
 def test_counts_of_a_selection_say_it_is_one() -> None:
     # A filtered frame keeps the search's attrs (pandas copies them): its rows are not
     # the layouts the search tried.
