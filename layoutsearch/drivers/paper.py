@@ -63,7 +63,9 @@ def rule_layouts(candidates: pd.DataFrame, job: Job) -> pd.DataFrame:
     """The rows the rules can pick from: their kernels, optimizer and SP setting.
 
     Knobs the study did not vary (cp, vp) keep their smallest value; the optimizer state is
-    sharded (ZeRO-1) as in the study.
+    sharded (ZeRO-1) and the data-parallel communication not overlapped, as in the study,
+    so each tp·pp is one row: a space with both overlap settings would otherwise price
+    twins (a launch each) and pick whichever its list names first.
     """
     rows = candidates
     rows = rows[rows["attention"] == _prefer(rows["attention"], ATTENTION_PREFERENCE)]
@@ -72,6 +74,8 @@ def rule_layouts(candidates: pd.DataFrame, job: Job) -> pd.DataFrame:
     rows = rows[rows["rmsnorm_kernel"] == _prefer(rows["rmsnorm_kernel"], kernel_first)]
     rows = rows[rows["distributed_optimizer"] == _prefer(rows["distributed_optimizer"],
                                                          (True, False))]
+    rows = rows[rows["overlap_grad_reduce"] == _prefer(rows["overlap_grad_reduce"],
+                                                       (False, True))]
     rows = rows[(rows["cp"] == rows["cp"].min()) & (rows["vp"] == rows["vp"].min())]
     sp = wants_sequence_parallel(job)
     multi_tp = rows["tp"] > 1

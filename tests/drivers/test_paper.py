@@ -225,3 +225,15 @@ def test_a_layernorm_model_gets_a_pick_without_the_rmsnorm_kernel() -> None:
                                  seq_length=2048, global_batch_size=1536)
     pick = ranked.iloc[0]
     assert pick["fits"] and not pick["rmsnorm_kernel"] and pick["attention"] == "flash2"
+
+
+@pytest.mark.parametrize("overlap", [[False, True], [True, False]])
+def test_a_space_with_both_overlap_settings_prices_each_size_once(overlap) -> None:
+    # As the study ran: --overlap-grad-reduce off (Megatron-LM's default). With both values
+    # in the space the rules priced each tp·pp twice, and the pick's overlap (and so its
+    # MFU) followed the order of the space's list.
+    cost = FakeCost(min_model_parallel=4, fits_recompute=("none",))
+    row = pick(cost, SearchSpace.load("paper").pin(overlap_grad_reduce=overlap))
+    assert not row["overlap_grad_reduce"]
+    # tp1·pp1, tp1·pp2, tp2·pp1, tp1·pp4, then micro-batches 2, 4 and 8 of tp1·pp4.
+    assert cost.calls == cost.rows == 4 + 3
