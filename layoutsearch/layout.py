@@ -38,6 +38,16 @@ def uses_transformer_engine(flash_attention: Any, rmsnorm_kernel: Any,
     return flash_attention | rmsnorm_kernel | (sequence_parallel & (tp > 1))
 
 
+DATA_PARALLEL_NO_OPS = {"distributed_optimizer": True, "overlap_grad_reduce": False}
+"""Knobs that change nothing where a layout has one data-parallel rank (dp·cp = 1), and the
+value such a layout keeps when the space offers both: the distributed optimizer shards its
+state over the dp·cp ranks (Megatron-LM's DistributedOptimizer, over the data-parallel group
+with context parallelism), so over one rank it keeps the whole state as the plain optimizer
+does; --overlap-grad-reduce hides a gradient reduce that has no other rank to reach. The
+twins would be priced alike and fill a ranking's top rows in pairs. The kept values are the
+study's (and the paper driver's): a sharded optimizer, no overlap (Megatron-LM's default)."""
+
+
 LAYOUT_COLUMNS = (
     "tp", "pp", "dp", "cp", "vp", "micro_batch_size", "sequence_parallel", "attention",
     "rmsnorm_kernel", "recompute", "distributed_optimizer", "overlap_grad_reduce",

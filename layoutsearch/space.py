@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
-from layoutsearch.layout import ATTENTION_KERNELS, RECOMPUTE_KINDS
+from layoutsearch.layout import ATTENTION_KERNELS, DATA_PARALLEL_NO_OPS, RECOMPUTE_KINDS
 from layoutsearch.paths import option_files, read_yaml_mapping
 from layoutsearch.specs import Job
 
@@ -154,7 +154,8 @@ class SearchSpace:
 
         dp is derived (0 where tp·pp·cp does not divide the GPUs; the rules reject those).
         Sequence parallelism at tp = 1 is a no-op in Megatron-LM, so such twins are left out
-        (or, where the space has no "off" value, recorded as off).
+        (or, where the space has no "off" value, recorded as off). So are the twins of a
+        single data-parallel rank (dp·cp = 1: `layout.DATA_PARALLEL_NO_OPS`).
         Text columns are categorical (a million rows score in a second); `results.rank`
         turns them back into plain strings for the user.
         """
@@ -178,6 +179,10 @@ class SearchSpace:
         model_parallel = table["tp"] * table["pp"] * table["cp"]
         dp = np.where(job.num_gpus % model_parallel == 0, job.num_gpus // model_parallel, 0)
         table.insert(2, "dp", dp.astype(np.int64))
+        for knob, kept in DATA_PARALLEL_NO_OPS.items():
+            if len(axes[knob]) > 1:
+                alone = table["dp"] * table["cp"] == 1
+                table = table[~(alone & (table[knob] != kept))]
         table = table.reset_index(drop=True)
         constant = np.zeros(len(table), dtype=np.int64)
         for column, value in job.columns().items():

@@ -56,6 +56,34 @@ def test_a_space_with_sequence_parallel_on_alone_keeps_its_tp1_layouts(job: Job)
     assert (table["sequence_parallel"] == (table["tp"] > 1)).all()
 
 
+def test_a_single_data_parallel_rank_keeps_one_optimizer_and_overlap_setting() -> None:
+    # Megatron-LM's DistributedOptimizer shards over the dp·cp ranks and --overlap-grad-reduce
+    # hides the reduce among them: at dp·cp = 1 both change nothing, and the default space's
+    # top rows came in identical pairs (llama_30b on 8 GPUs: tp4 pp2 twice, then again).
+    job = Job(model=load_model("llama_13b"), cluster=load_cluster("a100_80gb"), num_gpus=8,
+              seq_length=2048, global_batch_size=256)
+    space = SearchSpace.load("default").pin(
+        tp=[2, 4], pp=[2], cp=[1, 2], vp=[1], micro_batch_size=[1], sequence_parallel=[True],
+        attention=["flash2"], rmsnorm_kernel=[True], recompute=["none"],
+        distributed_optimizer=[False, True], overlap_grad_reduce=[True, False])
+    table = space.candidates(job)
+    layouts = list(zip(table["tp"], table["cp"], table["dp"], strict=True))
+    # tp2 cp1 dp2, tp2 cp2 dp1 (dp·cp = 2) and tp4 cp2 (dp 0: the rules reject it) keep all
+    # 2 x 2 settings; tp4 cp1 dp1 keeps one: the study's sharded optimizer without overlap.
+    assert len(table) == 3 * 4 + 1
+    assert layouts.count((2, 2, 1)) == 4 and layouts.count((4, 2, 0)) == 4
+    alone = table[(table["tp"] == 4) & (table["cp"] == 1)]
+    assert alone[["dp", "distributed_optimizer", "overlap_grad_reduce"]].values.tolist() == [
+        [1, True, False]]
+    # The default space on 8 GPUs: 138,240 knob combinations, less the 17,280 sequence-
+    # parallel twins at tp = 1 and the 3,360 rows of tp·pp = 8, cp 1 with the plain optimizer
+    # (tp1 pp8: 3 vp x 4 mb x 5 attention x 2 rmsnorm x 4 recompute = 480; tp 2, 4, 8 with
+    # both SP values: 960 each).
+    everything = SearchSpace.load("default").candidates(job)
+    assert len(everything) == 138_240 - 17_280 - 3_360 == 117_600
+    assert not everything.duplicated(subset=list(KNOBS)).any()
+
+
 def test_dp_is_derived_and_job_columns_are_broadcast(job: Job) -> None:
     table = SearchSpace.load("paper").candidates(job)
     divides = 64 % (table["tp"] * table["pp"]) == 0

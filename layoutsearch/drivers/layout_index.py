@@ -1,7 +1,8 @@
 """From a sampler's knob values to a row of the candidate table, and to its nearest open row.
 
 A sampler proposes one value per knob. `LayoutIndex` maps the proposal to its candidate row
-(sequence parallelism at tp = 1 folds onto its "off" twin, as the candidate table does) and,
+(sequence parallelism at tp = 1 folds onto its "off" twin, and a layout of one data-parallel
+rank onto its one optimizer and overlap setting, as the candidate table does) and,
 when the proposal cannot be evaluated — it breaks a rule, the cost model would return no
 figures for it (`unpriced`: a replay's unmeasured layout), or it was evaluated already —
 finds the closest row that can: the fewest steps along each knob's list of values (tp 2 -> 4
@@ -23,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from layoutsearch.costs.base import unpriced_reasons
+from layoutsearch.layout import DATA_PARALLEL_NO_OPS
 from layoutsearch.problem import SearchProblem
 from layoutsearch.space import INTEGER_KNOBS, KNOBS
 
@@ -39,6 +41,8 @@ class LayoutIndex:
     """Label -> row position."""
     codes: np.ndarray
     """(rows, sampled knobs): position of each row's value in the knob's value list."""
+    num_gpus: int
+    """The job's GPUs: where tp·pp fills them at cp = 1, dp·cp = 1."""
     unpriced: dict[int, str]
     """Position -> why the cost model would price no figures for a row that passes the
     rules (costs.base.unpriced_reasons); such rows are not open."""
@@ -67,6 +71,7 @@ class LayoutIndex:
             labels=labels.tolist(),
             rows={label: i for i, label in enumerate(labels.tolist())},
             codes=codes,
+            num_gpus=problem.job.num_gpus,
             unpriced=unpriced,
             open=np.array([i for i in passing if i not in unpriced], dtype=np.int64),
         )
@@ -75,6 +80,10 @@ class LayoutIndex:
         values = {**self.fixed, **params}
         # Sequence parallelism at tp = 1 is a no-op; the candidates keep only the "off" twin.
         values["sequence_parallel"] = bool(values["sequence_parallel"]) and values["tp"] > 1
+        # At dp·cp = 1 a space offering both values keeps one (layout.DATA_PARALLEL_NO_OPS).
+        if values["cp"] == 1 and values["tp"] * values["pp"] == self.num_gpus:
+            values.update({k: kept for k, kept in DATA_PARALLEL_NO_OPS.items()
+                           if k in self.params})
         return " ".join(f"{k}={values[k]}" for k in KNOBS)
 
     def position(self, params: Mapping[str, Any]) -> int | None:

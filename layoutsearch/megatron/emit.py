@@ -63,7 +63,7 @@ def command_rejections(rows: pd.DataFrame, job: Job, settings: MegatronSettings,
     (COMMAND_REJECTED + its rule), "" where it would start; on the rows' index.
 
     A flag may break some layouts only: after --no-overlap-p2p-communication, interleaving
-    needs pp > 2. A search checks the layouts its cost model finds to fit (about 0.23 ms
+    needs pp > 2. A search checks the layouts its cost model finds to fit (about 0.2 ms
     each), so that `fits` means "can be launched as the settings stand" for every driver.
     Without extra flags every layout that passes the rules gets a command Megatron-LM
     accepts, so nothing is checked (tests/megatron/test_args.py checks that on two jobs of

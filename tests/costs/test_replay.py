@@ -143,6 +143,21 @@ def test_sequence_parallel_at_tp1_is_the_same_layout(tmp_path: Path,
     assert scored["mfu"].iloc[0] == pytest.approx(0.6)
 
 
+def test_a_single_data_parallel_rank_is_the_same_layout_with_either_optimizer(
+        tmp_path: Path, measurement_row: dict[str, Any], candidate: Any) -> None:
+    # A search keeps tp·pp = 64 (dp·cp = 1) with the sharded optimizer only (its twin with
+    # the plain one runs the same); a run measured with the plain optimizer prices it.
+    path = tmp_path / "runs.csv"
+    _runs(measurement_row, {"tp": 8, "pp": 8, "dp": 1, "distributed_optimizer": False,
+                            "mfu": 0.4}).to_csv(path)
+    rows = candidate("llama_13b", tp=8, pp=8, attention="flash2", rmsnorm_kernel=True,
+                     overlap_grad_reduce=True)
+    rows["vocab_size"] = 32000
+    assert rows["distributed_optimizer"].iloc[0] and rows["dp"].iloc[0] == 1
+    scored = ReplayCostModel.load(path).score(rows, clusters_by_gpu())
+    assert scored["mfu"].iloc[0] == pytest.approx(0.4)
+
+
 def test_scores_many_rows_in_order_on_the_callers_index(runs_csv: Path,
                                                         candidate: Any) -> None:
     knobs = [{"tp": 8}, {"tp": 2}, {"tp": 1}, {"tp": 4, "sequence_parallel": True}]

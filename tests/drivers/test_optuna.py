@@ -267,6 +267,26 @@ def test_a_trial_on_a_layout_without_a_price_records_why(tmp_path: Path) -> None
     assert model.priced() == []
 
 
+def test_a_proposal_of_one_data_parallel_rank_is_its_kept_twin(tmp_path: Path) -> None:
+    # tp4 pp4 on 16 GPUs is dp 1: the candidates hold it with the sharded optimizer and no
+    # overlap only, so a sampler's proposal of the plain optimizer or of overlap is that row,
+    # not "not a candidate of this search" (a rule's worst score).
+    space = SearchSpace.load("paper").pin(**SPACE, distributed_optimizer=[False, True],
+                                          overlap_grad_reduce=[True, False])
+    index = LayoutIndex.of(make_problem(CountingModel(tmp_path / "priced.txt"), space=space))
+    proposal = {"tp": 4, "pp": 4, "micro_batch_size": 1, "attention": "flash2",
+                "recompute": "none", "sequence_parallel": True, "rmsnorm_kernel": True,
+                "distributed_optimizer": False, "overlap_grad_reduce": True}
+    kept = index.position({**proposal, "distributed_optimizer": True,
+                           "overlap_grad_reduce": False})
+    assert kept is not None and index.position(proposal) == kept
+    # At dp 2 (tp2 pp4) the settings are four layouts.
+    wider = {**proposal, "tp": 2}
+    assert len({index.position({**wider, "distributed_optimizer": d,
+                                "overlap_grad_reduce": o})
+                for d in (False, True) for o in (False, True)} - {None}) == 4
+
+
 def test_with_no_layout_it_can_price_the_driver_answers_with_the_reasons(
         tmp_path: Path) -> None:
     model = TorchUnmeasured(tmp_path / "priced.txt")
