@@ -165,7 +165,7 @@ def search(
     # Counted among the rows ranked: a sampling driver returns only those it evaluated.
     passing_rules = 0 if ranked["fits"].any() else int((violations(ranked, clusters) == "").sum())
     message = no_fit_message(ranked, job, problem.passing_tp_pp, passing_rules=passing_rules,
-                             fits=_fits(problem))
+                             fits=_fits(problem), space=problem.space)
     if message and len(scripts):
         # Nothing fits because nothing ran: the scripts are the answer, not a failure.
         message = ""

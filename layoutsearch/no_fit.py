@@ -8,6 +8,7 @@ memory, with the fixes that would make the smallest layout fit).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ import pandas as pd
 
 from layoutsearch.costs.base import MEASURED, MEASURED_FAILURE, UNMEASURED
 from layoutsearch.results import COMMAND_REJECTED, rule_summary
+from layoutsearch.space import SearchSpace
 from layoutsearch.specs import Job
 
 LONG_SEQUENCE = 8192
@@ -106,10 +108,61 @@ def _possible_fixes(priced: pd.DataFrame, smallest: pd.Series, job: Job,
     return fixes
 
 
+MORE_MEMORY = "use more GPUs or GPUs with more memory"
+"""The advice of a no-fit message when it cannot say how many GPUs."""
+
+
+def _gpus_for_model_state(smallest: pd.Series, model_state: float, job: Job,
+                          sizes: list[list[int]]) -> str:
+    """How many GPUs the smallest layout's weights, gradients and optimizer state (and the
+    fixed overhead) need before they fit per GPU, as the advice to use more GPUs: the fewest
+    (whole nodes beyond one) that some tp·pp·cp of `sizes` (the space's tp, pp and cp values)
+    divides, at the largest such tp·pp, with the distributed optimizer. Its figures are the
+    smallest layout's, scaled: weights and gradients divide by tp·pp (dp and cp replicate
+    them), the sharded optimizer state by every GPU. A lower bound: the embedding does not
+    shrink with pp, and activations come on top."""
+    optimizer = float(smallest.get("memory_optimizer_gib", np.nan))
+    if math.isnan(optimizer):  # no breakdown to scale
+        return MORE_MEMORY
+    overhead = float(smallest.get("memory_overhead_gib", 0.0))
+    tp_pp = int(smallest["tp"]) * int(smallest["pp"])
+    shards = int(smallest["dp"]) * int(smallest["cp"]) if bool(
+        smallest["distributed_optimizer"]) else 1
+    # GiB of the model state on one GPU at tp·pp = 1 and no optimizer sharding.
+    replicated = (model_state - optimizer - overhead) * tp_pp
+    optimizer_total = optimizer * tp_pp * shards
+    room = job.cluster.gpu.memory_gib - overhead
+    tps, pps, cps = sizes
+    largest = max(tps) * max(pps)
+    if replicated / largest >= room:
+        return (f"use GPUs with more memory, or allow larger tp·pp: at tp·pp={largest}, the "
+                f"space's largest, the weights and gradients alone take "
+                f"{replicated / largest:.1f} GiB per GPU")
+    # `last`, whole nodes that tp·pp = largest divides, with the optimizer state shared
+    # thinly enough, fits: the search ends there.
+    node = job.cluster.gpus_per_node
+    step = math.lcm(largest * min(cps), node)
+    last = step * math.ceil(max(optimizer_total / (room - replicated / largest),
+                                job.num_gpus + 1) / step)
+    counts = [n for n in range(job.num_gpus + 1, last + 1) if n < node or n % node == 0]
+
+    def usable(gpus: int) -> int:
+        """The largest tp·pp of the space that a layout on `gpus` GPUs can have (0: none)."""
+        return max((tp * pp for tp in tps for pp in pps
+                    if any(gpus % (tp * pp * cp) == 0 for cp in cps)), default=0)
+
+    gpus = next(n for n in counts
+                if usable(n) and replicated / usable(n) + optimizer_total / n <= room)
+    return (f"use at least {gpus} GPUs (the weights, gradients and optimizer state alone fit "
+            f"from there, at tp·pp={usable(gpus)} with the distributed optimizer; activations "
+            f"need more) or GPUs with more memory")
+
+
 def no_fit_message(ranked: pd.DataFrame, job: Job,
                    passing_tp_pp: Callable[[], list[tuple[int, int]]] | None = None,
                    passing_rules: int = 0,
-                   fits: Callable[[pd.DataFrame], pd.Series] | None = None) -> str | None:
+                   fits: Callable[[pd.DataFrame], pd.Series] | None = None,
+                   space: SearchSpace | None = None) -> str | None:
     """One sentence on why no candidate is feasible and what to change; None if one is.
 
     `passing_tp_pp` (called only when no layout passes the rules) gives the tp·pp pairs
@@ -118,7 +171,8 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
     figure, the cost model (a replay of measurements) is why, not the rules. `fits` says
     whether each of some layouts passes the rules and fits by the search's cost model: with
     it, a fix is named only when it makes the smallest layout fit; without it (a cost
-    model that would launch runs), the fixes that could.
+    model that would launch runs), the fixes that could. `space` gives the tp, pp and cp
+    values that more GPUs could use (without it, those `ranked` holds).
     """
     if ranked["fits"].any():
         return None
@@ -184,7 +238,10 @@ def no_fit_message(ranked: pd.DataFrame, job: Job,
                       for c in ("memory_activations_gib", "memory_logits_gib"))
     model_state = float(smallest["peak_memory_gib"]) - activations
     activations_matter = not model_state >= limit
-    advice = "use more GPUs or GPUs with more memory"
+    sizes = [list(getattr(space, knob)) if space else sorted(set(ranked[knob].astype(int)))
+             for knob in ("tp", "pp", "cp")]
+    advice = (MORE_MEMORY if activations_matter
+              else _gpus_for_model_state(smallest, model_state, job, sizes))
     if fits is not None:
         fitting, tried = _fixes_that_fit(smallest, fits)
         if fitting:

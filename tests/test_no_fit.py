@@ -6,6 +6,7 @@ import pandas as pd
 
 from layoutsearch.catalog import load_cluster, load_model
 from layoutsearch.no_fit import no_fit_message
+from layoutsearch.space import SearchSpace
 from layoutsearch.specs import Job
 from tests.rankings import JOB, scored
 
@@ -154,3 +155,30 @@ def test_the_smallest_layout_of_a_no_fit_message_names_its_cp() -> None:
     row = {"tp": 8, "cp": 8, "mfu": 0.3, "peak_memory_gib": 92.0}
     message = no_fit_message(scored([row]), job)
     assert message is not None and "(tp=8 pp=1 cp=8 mb=1 recompute=none)" in message
+
+
+def test_a_model_state_over_the_limit_gets_the_fewest_gpus_it_needs() -> None:
+    # 405B on 8 A100s: 760.8 GiB of state at tp2 pp4. Its 190 GiB of weights and gradients
+    # divide by tp·pp, its 570 GiB of Adam state (unsharded at dp = 1) by every GPU:
+    # 1520 / 64 + 4560 / 64 > 79.25 GiB on 64 GPUs; 72 to 120 GPUs allow tp·pp ≤ 32 of the
+    # paper space; 1520 / 128 + 4560 / 128 = 47.5 GiB on 128.
+    job = Job(model=load_model("llama3_405b"), cluster=load_cluster("a100_80gb"), num_gpus=8,
+              seq_length=8192, global_batch_size=64)
+    row = {"tp": 2, "pp": 4, "recompute": "full", "attention": "flash2",
+           "sequence_parallel": True, "mfu": 0.5, "peak_memory_gib": 782.4,
+           "memory_weights_gib": 95.0, "memory_gradients_gib": 95.0,
+           "memory_optimizer_gib": 570.0, "memory_activations_gib": 21.65,
+           "memory_logits_gib": 0.0, "memory_overhead_gib": 0.75}
+    message = no_fit_message(scored([row]), job, space=SearchSpace.load("paper"))
+    assert message is not None and message.endswith(
+        "alone take 760.8 GiB); use at least 128 GPUs (the weights, gradients and optimizer "
+        "state alone fit from there, at tp·pp=128 with the distributed optimizer; activations "
+        "need more) or GPUs with more memory")
+    # No GPU count helps while tp·pp stays at most 8: 1520 / 8 = 190 GiB of weights and
+    # gradients alone.
+    narrow = no_fit_message(scored([row]), job, space=SearchSpace(tp=(1, 2), pp=(1, 2, 4)))
+    assert narrow is not None and narrow.endswith(
+        "; use GPUs with more memory, or allow larger tp·pp: at tp·pp=8, the space's largest, "
+        "the weights and gradients alone take 190.0 GiB per GPU")
+    # Without the space, the tp and pp values the ranking holds are all there is.
+    assert no_fit_message(scored([row]), job) == narrow
