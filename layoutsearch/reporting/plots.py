@@ -30,7 +30,8 @@ from layoutsearch.reporting.explain import (
 
 DPI = 110
 X_RANGE_OF_LIMIT = 2.5
-"""The MFU-memory plot shows memory up to this multiple of the GPU's capacity."""
+"""The MFU-memory plot shows memory up to this multiple of the GPU's capacity, or of the
+smallest footprint when every layout needs more than the GPU holds."""
 CMAP = "tab20"  # 20 distinct colours: enough for every breakdown component
 
 
@@ -79,9 +80,12 @@ def mfu_memory_figure(ranked: pd.DataFrame, *, gpu_memory_gib: float,
     priced = ranked[ranked["mfu"].notna() & ranked["peak_memory_gib"].notna()]
     fits = priced["fits"].astype(bool)
     # Layouts that need many times the GPU's memory would squash the interesting part of
-    # the axis; they are drawn at its right edge instead.
-    x_max = max(X_RANGE_OF_LIMIT * gpu_memory_gib, float(priced.loc[fits, "peak_memory_gib"]
-                                                         .max() if fits.any() else 0.0) * 1.05)
+    # the axis; they are drawn at its right edge instead. Where every layout is over the
+    # limit (a model state alone over it), the interesting part starts at the smallest
+    # footprint: an axis of the GPU's capacity would draw every layout at its edge.
+    anchor = max(gpu_memory_gib, float(priced["peak_memory_gib"].min()) if len(priced) else 0.0)
+    x_max = max(X_RANGE_OF_LIMIT * anchor, float(priced.loc[fits, "peak_memory_gib"]
+                                                 .max() if fits.any() else 0.0) * 1.05)
     memory = priced["peak_memory_gib"].clip(upper=x_max)
     beyond = priced["peak_memory_gib"] > x_max
     ax.scatter(memory[fits], 100 * priced.loc[fits, "mfu"], s=14, alpha=0.6, color="tab:blue",

@@ -77,3 +77,21 @@ def test_a_heatmap_where_nothing_fits_has_no_mfu_scale(ranked: pd.DataFrame) -> 
     fig = tp_pp_heatmap(ranked.assign(fits=False))
     assert len(fig.axes) == 1
     assert len(tp_pp_heatmap(ranked).axes) == 2  # the heatmap and its colour bar
+
+
+def test_an_mfu_memory_plot_where_every_layout_is_over_the_limit_shows_their_footprints(
+) -> None:
+    # 405B on 8 A100s: every footprint is 782 GiB or more. An axis of 2.5 × 80 GiB drew all
+    # of them at its 200 GiB edge; it reaches 2.5 × the smallest footprint instead.
+    with pytest.warns(layoutsearch.NoLayoutFitsWarning):
+        stuck = layoutsearch.search(model="llama3_405b", cluster="a100_80gb", num_gpus=8,
+                                    seq_length=8192, global_batch_size=64)
+    ax = mfu_memory_figure(stuck, gpu_memory_gib=80.0).axes[0]
+    smallest = float(stuck["peak_memory_gib"].min())
+    assert ax.get_xlim()[1] == pytest.approx(2.5 * smallest * 1.03)
+    drawn = np.concatenate([c.get_offsets()[:, 0] for c in ax.collections
+                            if isinstance(c, PathCollection) and len(c.get_offsets())])
+    assert drawn.min() == pytest.approx(smallest)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    within = int((stuck["peak_memory_gib"] <= 2.5 * smallest).sum())
+    assert f"does not fit ({within} layouts)" in labels
