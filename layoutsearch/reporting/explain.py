@@ -88,8 +88,16 @@ def label(row: pd.Series) -> str:
     return layout_of(row).describe()
 
 
-def compare(winner: pd.Series, other: pd.Series, *, top: int = 2) -> str:
-    """Why `other` lost to `winner`: its MFU gap and the step-time components behind it."""
+NO_BREAKDOWN = "this cost model gives no time breakdown to say why"
+"""What a comparison says in place of the components behind an MFU gap (a replay's)."""
+
+
+def compare(winner: pd.Series, other: pd.Series, *, top: int = 2,
+            say_no_breakdown: bool = True) -> str:
+    """Why `other` lost to `winner`: its MFU gap and the step-time components behind it.
+
+    Without a time breakdown the gap is all there is; `say_no_breakdown` adds NO_BREAKDOWN
+    (a report, which compares many layouts, says it once instead)."""
     require_ranking(other, "compare(other)", ("fits", "reason"))
     if not bool(other["fits"]):
         # No MFU: the layout breaks a rule or the cost model has no figures for it (a
@@ -105,7 +113,7 @@ def compare(winner: pd.Series, other: pd.Series, *, top: int = 2) -> str:
     head = f"{label(other)} reaches {100 * float(other['mfu']):.1f} % MFU ({gap:.1f} points lower)"
     columns = [c for c in time_columns(pd.DataFrame([winner])) if c in other.index]
     if not columns:
-        return head + " (this cost model gives no time breakdown to say why)"
+        return head + f" ({NO_BREAKDOWN})" * say_no_breakdown
     step_w, step_o = float(winner["step_time_s"]), float(other["step_time_s"])
     deltas = sorted(columns, key=lambda c: float(other[c]) - float(winner[c]), reverse=True)
     reasons = []
@@ -158,12 +166,12 @@ def _best_twin(ranked: pd.DataFrame, winner: pd.Series, knobs: tuple[str, ...]) 
     return None if rows.empty else rows.iloc[0]
 
 
-def why_rejected(ranked: pd.DataFrame) -> list[str]:
+def why_rejected(ranked: pd.DataFrame, *, say_no_breakdown: bool = True) -> list[str]:
     """For each knob: its best other value at the winner's layout and overall, and why it lost.
 
     The twin (the same layout with only this knob changed) isolates the knob's own effect;
     the best feasible layout with another value shows what the rest of the space offers.
-    An empty ranking has no winner and nothing to explain.
+    An empty ranking has no winner and nothing to explain. `say_no_breakdown` as `compare`.
     """
     require_ranking(ranked, "why_rejected(ranked)")
     if ranked.empty:
@@ -180,10 +188,12 @@ def why_rejected(ranked: pd.DataFrame) -> list[str]:
         parts = []
         closest = _best_twin(ranked, winner, knobs)
         if closest is not None:
-            parts.append("changing only this: " + compare(winner, closest))
+            parts.append("changing only this: "
+                         + compare(winner, closest, say_no_breakdown=say_no_breakdown))
         feasible = rivals[rivals["fits"].astype(bool)]
         if not feasible.empty and (closest is None or feasible.index[0] != closest.name):
-            parts.append("best layout with another value: " + compare(winner, feasible.iloc[0]))
+            parts.append("best layout with another value: " + compare(
+                winner, feasible.iloc[0], say_no_breakdown=say_no_breakdown))
         elif feasible.empty:
             reasons = rivals["reason"].fillna("").replace("", "not priced").value_counts()
             among = " this driver priced" if priced_a_sample(ranked) else ""

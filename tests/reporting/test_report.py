@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -195,3 +196,33 @@ def test_the_job_table_gives_the_gpu_memory_the_fit_calls_use(tmp_path: Path) ->
                                seq_length=2048, global_batch_size=256)
     text = layoutsearch.report(h100, tmp_path / "h100").read_text()
     assert "| GPUs | 8 × h100_sxm (8 per node, 79.6 GiB each) |" in text
+
+
+def _replay_of_three_runs(tmp_path: Path, row: dict[str, Any], *extra: dict[str, Any],
+                          ) -> pd.DataFrame:
+    """A replay of tp2 mb1, tp2 mb2 and tp1 mb1 (and `extra` runs) on a space that also has
+    sequence parallelism, which those runs never used."""
+    runs = [{**row, "distributed_optimizer": True},
+            {**row, "distributed_optimizer": True, "micro_batch_size": 2, "mfu": 0.55,
+             "step_time_s": 32.7},
+            {**row, "distributed_optimizer": True, "tp": 1, "dp": 64, "mfu": 0.5,
+             "step_time_s": 36.0}, *extra]
+    path = tmp_path / "runs.csv"
+    pd.DataFrame(runs).to_csv(path, index=False)
+    return layoutsearch.search(
+        **{**JOB, "vocab_size": 32000}, tp=[1, 2], pp=[1], micro_batch_size=[1, 2],
+        attention=["flash2"], rmsnorm_kernel=[True], recompute=["none"],
+        sequence_parallel=[False, True],
+        cost_model={"_target_": "layoutsearch.costs.replay.ReplayCostModel", "path": str(path)})
+
+
+def test_a_replay_report_says_once_that_it_cannot_say_why(tmp_path: Path,
+                                                           measurement_row) -> None:
+    text = layoutsearch.report(_replay_of_three_runs(tmp_path, measurement_row),
+                               tmp_path / "report").read_text()
+    # Three comparisons (tp, micro-batch, the rules' least model parallelism), one note.
+    assert text.count("reaches") >= 3
+    assert text.count("cost model gives no time breakdown") == 1
+    # Outside a report, a comparison still says it.
+    assert why_rejected(_replay_of_three_runs(tmp_path, measurement_row))[0].endswith(
+        "(10.0 points lower) (this cost model gives no time breakdown to say why)")
