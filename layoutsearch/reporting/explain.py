@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from layoutsearch.costs.base import MEASURED
+from layoutsearch.costs.base import MEASURED, UNMEASURED
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.notes import priced_a_sample
@@ -166,6 +166,25 @@ def _best_twin(ranked: pd.DataFrame, winner: pd.Series, knobs: tuple[str, ...]) 
     return None if rows.empty else rows.iloc[0]
 
 
+def _none_fits(rivals: pd.DataFrame, among: str) -> str:
+    """Why no layout of `rivals` (those with another value of a knob) fits, by their two
+    commonest reasons. Layouts a replay has no measurement of are not known not to fit: when
+    they are all there is, none was measured; beside others, they are counted apart."""
+    reasons = rivals["reason"].fillna("").replace("", "not priced")
+    unmeasured = reasons.str.startswith(UNMEASURED)
+
+    def commonest(rows: pd.Series) -> str:
+        return "; ".join(f"{reason} ({count} layout{'s' * (count != 1)})"
+                         for reason, count in rows.value_counts().head(2).items())
+    if unmeasured.all():
+        return f"no layout{among} with another value was measured — {commonest(reasons)}"
+    text = f"no layout{among} with another value fits — {commonest(reasons[~unmeasured])}"
+    if unmeasured.any():
+        more = int(unmeasured.sum())
+        text += f"; {more} more {'was' if more == 1 else 'were'} not measured"
+    return text
+
+
 def why_rejected(ranked: pd.DataFrame, *, say_no_breakdown: bool = True) -> list[str]:
     """For each knob: its best other value at the winner's layout and overall, and why it lost.
 
@@ -195,9 +214,6 @@ def why_rejected(ranked: pd.DataFrame, *, say_no_breakdown: bool = True) -> list
             parts.append("best layout with another value: " + compare(
                 winner, feasible.iloc[0], say_no_breakdown=say_no_breakdown))
         elif feasible.empty:
-            reasons = rivals["reason"].fillna("").replace("", "not priced").value_counts()
-            among = " this driver priced" if priced_a_sample(ranked) else ""
-            parts.append(f"no layout{among} with another value fits — " + "; ".join(
-                f"{reason} ({count} layouts)" for reason, count in reasons.head(2).items()))
+            parts.append(_none_fits(rivals, " this driver priced" * priced_a_sample(ranked)))
         lines.append(f"**{title}**: " + "; ".join(parts))
     return lines

@@ -226,3 +226,16 @@ def test_a_replay_report_says_once_that_it_cannot_say_why(tmp_path: Path,
     # Outside a report, a comparison still says it.
     assert why_rejected(_replay_of_three_runs(tmp_path, measurement_row))[0].endswith(
         "(10.0 points lower) (this cost model gives no time breakdown to say why)")
+
+
+def test_layouts_a_replay_never_measured_are_not_said_not_to_fit(tmp_path: Path,
+                                                                  measurement_row) -> None:
+    lines = why_rejected(_replay_of_three_runs(tmp_path, measurement_row))
+    assert "; no layout with another value was measured — unmeasured: " in lines[-1]
+    assert "fits" not in lines[-1]
+    # A measured run out of memory beside an unmeasured one: that one does not fit.
+    oom = {**measurement_row, "distributed_optimizer": True, "sequence_parallel": True,
+           "status": "oom", "mfu": None, "step_time_s": None}
+    lines = why_rejected(_replay_of_three_runs(tmp_path, measurement_row, oom))
+    assert lines[-1].endswith("; no layout with another value fits — measured: out of "
+                              "memory (1 layout); 1 more was not measured")
