@@ -61,6 +61,17 @@ def notes_key(ranked: pd.DataFrame) -> tuple[int, str]:
     return (len(ranked), Layout.from_row({str(k): v for k, v in ranked.iloc[0].items()}).describe())
 
 
+GROUPED_FROM = 10_000
+"""Counts from this many on are written with thousands separators (4,194,304 tokens); shorter
+ones are not (2240 layouts, 2048 sequences)."""
+
+
+def grouped(number: float) -> str:
+    """`number`, rounded to a whole one, with thousands separators from GROUPED_FROM on."""
+    whole = round(number)
+    return f"{whole:,}" if abs(whole) >= GROUPED_FROM else str(whole)
+
+
 def counts_line(ranked: pd.DataFrame) -> str:
     """'2240 layouts, 1712 priced, 1350 fit' (', 18 failed when run' where measured runs of
     some layouts failed); with the rows a sampling driver returned
@@ -68,18 +79,18 @@ def counts_line(ranked: pd.DataFrame) -> str:
     of a selection of the search's rows, those shown ('400 shown of a search of 2240
     layouts, 380 priced, 300 fit')."""
     size = int(ranked.attrs.get("space_size", len(ranked)))
-    priced = f"{int(ranked['mfu'].notna().sum())} priced, {int(ranked['fits'].sum())} fit"
+    priced = f"{grouped(ranked['mfu'].notna().sum())} priced, {grouped(ranked['fits'].sum())} fit"
     # A measured layout whose runs failed has no MFU, but it was no more left unpriced than
     # one that ran: a replay's "12 priced" beside a file of 30 runs must say where 18 went.
     failed = int((ranked["reason"].str.startswith(MEASURED) & ranked["mfu"].isna()).sum())
     if failed:
-        priced += f", {failed} failed when run"
+        priced += f", {grouped(failed)} failed when run"
     returned = int(ranked.attrs.get(NOTED_FOR, (len(ranked), ""))[0])
     if len(ranked) < returned:
         # pandas copies attrs into a selection: the space size is the search's, not its own.
-        return f"{len(ranked)} shown of a search of {size} layouts, {priced}"
-    tried = "" if len(ranked) == size else f", {len(ranked)} tried"
-    return f"{size} layouts{tried}, {priced}"
+        return f"{grouped(len(ranked))} shown of a search of {grouped(size)} layouts, {priced}"
+    tried = "" if len(ranked) == size else f", {grouped(len(ranked))} tried"
+    return f"{grouped(size)} layouts{tried}, {priced}"
 
 
 WAITING_TIME = ("time_tp_comm_s", "time_cp_comm_s", "time_pp_comm_s", "time_dp_comm_s",

@@ -66,6 +66,8 @@ def test_counts_say_when_a_driver_tried_part_of_the_space() -> None:
     assert counts_line(ranked) == "3 layouts, 2 priced, 1 fit"  # a grid: the whole space
     ranked.attrs["space_size"] = 2240
     assert counts_line(ranked) == "2240 layouts, 3 tried, 2 priced, 1 fit"
+    ranked.attrs["space_size"] = 35840  # counts of five digits and more are grouped
+    assert counts_line(ranked) == "35,840 layouts, 3 tried, 2 priced, 1 fit"
 
 
 def test_counts_say_how_many_measured_layouts_failed_when_run() -> None:

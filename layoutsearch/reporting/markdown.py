@@ -25,7 +25,7 @@ from layoutsearch.reporting.explain import (
 )
 from layoutsearch.reporting.plots import BREAKDOWN, MFU_VS_MEMORY, TP_PP_HEATMAP, save_figures
 from layoutsearch.reporting.study_rules import StudyCheck, check_study_rules
-from layoutsearch.results import NOTED_FOR, counts_line, job_of, notes_key, rank
+from layoutsearch.results import NOTED_FOR, counts_line, grouped, job_of, notes_key, rank
 from layoutsearch.specs import Job
 
 TOP_K = 10
@@ -77,12 +77,13 @@ def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
     m = job.model
     facts = [
         ["model", f"{m.name}: {m.num_parameters() / 1e9:.1f} B parameters, {m.num_layers} "
-                  f"layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
-                  f"vocabulary {m.vocab_size}"],
+                  f"layers, hidden {grouped(m.hidden_size)}, {m.num_attention_heads} heads, "
+                  f"vocabulary {grouped(m.vocab_size)}"],
         ["GPUs", f"{job.num_gpus} × {job.cluster.gpu.name} ({job.cluster.gpus_per_node} per "
                  f"node, {job.cluster.gpu.memory_gib:g} GiB each)"],
-        ["sequence length", f"{job.seq_length} tokens"],
-        ["global batch", f"{job.global_batch_size} sequences = {job.tokens_per_step} tokens"],
+        ["sequence length", f"{grouped(job.seq_length)} tokens"],
+        ["global batch", f"{grouped(job.global_batch_size)} sequences = "
+                         f"{grouped(job.tokens_per_step)} tokens"],
         ["candidates", counts_line(ranked)],
     ]
     lines = ["## The job", "", markdown_table(facts, ["", ""]), ""]
@@ -100,14 +101,16 @@ def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
     return lines
 
 
-def _best_section(best: pd.Series, paths: dict[str, Path], command: str) -> list[str]:
+def _best_section(best: pd.Series, job: Job, paths: dict[str, Path], command: str,
+                  ) -> list[str]:
     # A replayed run may have no memory figure (the file's column is optional).
     memory = (f"{best['peak_memory_gib']:.1f} GiB peak memory per GPU"
               if pd.notna(best["peak_memory_gib"]) else "peak memory per GPU not measured")
     lines = [
         "## The best layout", "",
         f"**{label(best)}**: {100 * best['mfu']:.1f} % MFU, {best['step_time_s']:.2f} s per "
-        f"step, {best['tokens_per_s']:.0f} tokens/s, {memory}.", "",
+        f"step, {grouped(best['tokens_per_s'])} tokens/s for the whole job "
+        f"({job.num_gpus} GPUs), {memory}.", "",
     ]
     if command:
         lines += ["Megatron-LM arguments (`pretrain_gpt.py`):", "", "```", command, "```", ""]
@@ -165,7 +168,7 @@ def write_report(ranked: pd.DataFrame, out_dir: Path, *, top_k: int = TOP_K) -> 
                          bars=bars if has_breakdown and check is not None else (),
                          marks=marks if check is not None else ())
     lines = [f"# Layouts for {job.model.name} on {job.num_gpus} × {job.cluster.gpu.name}, "
-             f"{job.seq_length} tokens", "", *_job_section(ranked, job),
+             f"{grouped(job.seq_length)} tokens", "", *_job_section(ranked, job),
              f"## Top {min(top_k, len(ranked))} layouts", "", top_table(ranked, top_k), ""]
     if check is not None:
         # The command the ranking carries (search() built it with the run's Megatron-LM
@@ -174,7 +177,7 @@ def write_report(ranked: pd.DataFrame, out_dir: Path, *, top_k: int = TOP_K) -> 
         if not isinstance(command, str) or not command:
             command = with_megatron_args(ranked.head(1), job, ranked.attrs.get(
                 MEGATRON_SETTINGS))["megatron_args"].iloc[0]
-        lines += _best_section(best, paths, str(command))
+        lines += _best_section(best, job, paths, str(command))
     lines += ["## Every candidate", "",
               f"![MFU against peak memory]({paths[MFU_VS_MEMORY].name})", "",
               f"![best MFU per tp and pp]({paths[TP_PP_HEATMAP].name})", ""]

@@ -38,6 +38,12 @@ def test_report_writes_markdown_and_figures(ranked: pd.DataFrame, tmp_path: Path
     # The top table shows the best layout's MFU as the search ranked it.
     assert f"{100 * ranked['mfu'].iloc[0]:.1f}" in text
     assert "64 × a100_80gb" in text
+    # Large figures are grouped, and the throughput is the whole job's, beside per-GPU ones.
+    assert "| global batch | 2048 sequences = 4,194,304 tokens |" in text
+    assert "vocabulary 128,000 |" in text
+    best = ranked.iloc[0]
+    assert (f"{best['step_time_s']:.2f} s per step, {round(best['tokens_per_s']):,} tokens/s "
+            f"for the whole job (64 GPUs), ") in text
     assert "--micro-batch-size" in text  # the winner's Megatron-LM arguments
     # This job's best layout fills its GPUs to within 0.1 GiB: the report says so.
     assert "**Memory headroom.** The best layout leaves 0.0 GiB of GPU memory free" in text
@@ -83,7 +89,7 @@ def test_a_replayed_best_layout_without_a_memory_figure_says_so(
         "_target_": "layoutsearch.costs.replay.ReplayCostModel", "path": str(path)})
     assert ranked["fits"].iloc[0] and pd.isna(ranked["peak_memory_gib"].iloc[0])
     text = layoutsearch.report(ranked, tmp_path / "report").read_text()
-    assert "tokens/s, peak memory per GPU not measured." in text
+    assert "tokens/s for the whole job (64 GPUs), peak memory per GPU not measured." in text
     assert "nan" not in text
     # The file ran one of the space's layouts: the rest were never priced.
     assert (f"**What the measurements cover.** {path} measured 1 of the " in text
