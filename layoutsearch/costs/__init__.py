@@ -79,6 +79,14 @@ def _build(spec: Any, name: str | None, setting: str, settings: Mapping[str, Any
             "how trials launch), not a cost model; launch layouts with cost_models=measured, "
             "which reads them"
         )
+    if target is None:
+        # A mapping of settings alone ({"name": "replay", "path": ...}): say how to name one.
+        raise LayoutSearchError(
+            f"{source}: a cost-model mapping names its class with _target_ (one of "
+            f"{', '.join(sorted(COST_MODEL_TARGETS))}), e.g. {{'_target_': "
+            "'layoutsearch.costs.replay.ReplayCostModel', 'path': 'runs.csv'}; or pass a "
+            "cost model: layoutsearch.costs.ReplayCostModel.load('runs.csv'), or a name of "
+            "cost_models/ ('analytic')")
     if target not in COST_MODEL_TARGETS:
         raise LayoutSearchError(
             f"{source}: _target_={target!r} is not a registered cost model; "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -300,3 +301,14 @@ def test_a_search_over_a_job_the_file_never_ran_leaves_the_coverage_to_the_messa
         runs_csv: Path) -> None:
     ranked = _replay_search_fitting_nothing(runs_csv, seq_length=4096, global_batch_size=1024)
     assert ranked.attrs["coverage_note"] == ""
+
+
+def test_a_mapping_without_a_class_says_how_to_name_one() -> None:
+    # {"name": "replay", ...} reads like a name, but a mapping is a config: it needs its class.
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            "cost model config: a cost-model mapping names its class with _target_ (one of "
+            "layoutsearch.costs.analytic.AnalyticCostModel, layoutsearch.costs.measured."
+            "MeasuredCostModel, layoutsearch.costs.replay.ReplayCostModel), e.g. {'_target_': "
+            "'layoutsearch.costs.replay.ReplayCostModel', 'path': 'runs.csv'}; or pass a cost "
+            "model: layoutsearch.costs.ReplayCostModel.load('runs.csv')")):
+        build_cost_model({"name": "replay", "path": "runs.csv"})
