@@ -202,6 +202,32 @@ def test_ctrl_c_fails_the_trial_in_flight_so_a_search_in_the_same_process_prices
     assert model.priced().count(interrupted) == 2
 
 
+def test_ctrl_c_while_a_price_is_stored_fails_that_trial_too(
+        tmp_path: Path, counting: CountingModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C outside the cost model's call (here while optuna stores the price) left the
+    # trial running, claimed by this live process: every later search of the notebook
+    # answered its layout "being evaluated in trial 0" and never priced it.
+    tell = optuna.Study.tell
+
+    def interrupted_once(study: optuna.Study, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("state") == TrialState.COMPLETE and len(counting.priced()) == 1:
+            raise KeyboardInterrupt
+        return tell(study, *args, **kwargs)
+
+    monkeypatch.setattr(optuna.Study, "tell", interrupted_once)
+    url = f"sqlite:///{tmp_path}/study.db"
+    driver = OptunaDriver(n_trials=3, storage=url, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        driver.run(make_problem(counting))
+    interrupted, = counting.priced()
+    name, = optuna.get_all_study_names(url)
+    assert [t.state for t in optuna.load_study(study_name=name, storage=url).trials] == [
+        TrialState.FAIL]
+    monkeypatch.setattr(optuna.Study, "tell", tell)
+    ranked = driver.run(make_problem(counting))
+    assert interrupted in list(ranked.apply(label, axis=1)) and len(ranked) == 3
+
+
 def test_warm_start_tries_the_analytic_top_k_first(counting: CountingModel) -> None:
     problem = make_problem(counting)
     grid = search(**JOB, search_space=problem.space)

@@ -154,17 +154,19 @@ class Worker:
                 started = self.evaluations
                 try:
                     trial = self.study.ask()
-                    trial.set_user_attr("worker", self.worker)
-                    with self.heartbeat(trial):
-                        try:
+                    try:
+                        trial.set_user_attr("worker", self.worker)
+                        with self.heartbeat(trial):
                             state, values = self.answer(trial)
-                        except (LayoutSearchError, KeyboardInterrupt):
-                            # Stopped, not priced (a setup mistake, Ctrl-C): failed without
-                            # an "error", the trial is no evaluation, so a rerun (in this
-                            # process too: a notebook) prices the layout.
-                            self.study.tell(trial, state=TrialState.FAIL)
-                            raise
-                    self.study.tell(trial, values, state=state)
+                        self.study.tell(trial, values, state=state)
+                    except BaseException:
+                        # Stopped anywhere between ask and tell (a setup mistake, Ctrl-C,
+                        # even while the price is stored): failed without an "error", the
+                        # trial is no evaluation, so a rerun prices the layout. Left
+                        # running, it would hold the layout "being evaluated" for as long as
+                        # its worker lives: in a notebook, every later search of the kernel.
+                        self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+                        raise
                 finally:
                     if self.budget is not None and self.evaluations == started:
                         self.budget.give_back()
