@@ -514,6 +514,9 @@ def test_bad_storage_urls_and_settings_are_named(tmp_path: Path,
         with pytest.raises(LayoutSearchError, match=rf"folder '{tmp_path}/no/such/dir' does "
                                                     "not exist"):
             OptunaDriver(n_trials=2, storage=url, progress=False).run(problem)
+    # Two slashes: once 'folder 'sqlite:/tmp/...' does not exist'.
+    with pytest.raises(LayoutSearchError, match=r"Invalid SQLite URL: sqlite://tmp/x\.db"):
+        OptunaDriver(n_trials=2, storage="sqlite://tmp/x.db", progress=False).run(problem)
     with pytest.raises(LayoutSearchError, match=r"^driver\.n_workers=2: workers share a study "
                                                 r"through a storage; set driver\.storage="):
         OptunaDriver(n_workers=2)

@@ -59,8 +59,10 @@ def open_storage(url: str | None) -> BaseStorage:
             raise ValueError("not a storage URL")
         if not url.startswith("sqlite"):
             return RDBStorage(url)
-        # sqlite:///relative.db, sqlite:////absolute.db, maybe with ?options after it.
-        database = url.split(":///", 1)[-1].split("?", 1)[0]
+        # sqlite:///relative.db, sqlite:////absolute.db, maybe with ?options after it; a
+        # path after two slashes alone (sqlite://study.db) is SQLAlchemy's to refuse, with
+        # the forms it takes, not a folder named 'sqlite:' to look for.
+        database = url.split(":///", 1)[1].split("?", 1)[0] if ":///" in url else ""
         if database and database != ":memory:" and not Path(database).parent.is_dir():
             # SQLite says only "unable to open database file".
             raise FileNotFoundError(f"folder {str(Path(database).parent)!r} does not exist")
