@@ -2,10 +2,13 @@
 
 Drivers call `update` after each batch they price. The line goes to stderr, rewritten in
 place (`\\r`) and throttled, only when stderr is a terminal or `LAYOUTSEARCH_PROGRESS=1`
-(set it in notebooks and CI logs; `0` silences it everywhere).
+(set it in notebooks and CI logs; `0` silences it everywhere). A line of its own printed
+while the progress line shows (a measured search's line per launch) goes through `say`,
+which clears the progress line first and paints it again below.
 
     with Progress(total=len(candidates), label="grid") as progress:
         progress.update(priced_rows)   # the frame of rows priced in this batch
+    say("local: tp2 pp4 ...: ok, 4.1 s per step")
 """
 
 from __future__ import annotations
@@ -21,6 +24,21 @@ import pandas as pd
 from layoutsearch.layout import Layout
 
 ENV_SWITCH = "LAYOUTSEARCH_PROGRESS"
+_shown: Progress | None = None
+"""The progress line painted last and not yet ended with its newline: the cursor is at its
+end, so whatever is printed next would run on from it."""
+
+
+def say(line: str) -> None:
+    """Print `line` on stderr as a line of its own; a progress line there is cleared first
+    and painted again after it, instead of the line running on from it and the next repaint
+    (a carriage return) overwriting its start."""
+    shown = _shown if _shown is not None and _shown.stream is sys.stderr else None
+    if shown is not None:
+        shown.stream.write("\r" + " " * len(shown.painted) + "\r")
+    print(line, file=sys.stderr, flush=True)
+    if shown is not None:
+        shown.paint(force=True)
 
 
 def progress_enabled(stream: TextIO) -> bool:
@@ -45,6 +63,8 @@ class Progress:
         self.done = 0
         self.best_mfu: float | None = None
         self.best_layout = ""
+        self.painted = ""
+        """The line on screen now ("" before the first paint)."""
         self._last_paint = 0.0
 
     def update(self, priced: pd.DataFrame) -> None:
@@ -56,7 +76,7 @@ class Progress:
             if self.best_mfu is None or float(top["mfu"]) > self.best_mfu:
                 self.best_mfu = float(top["mfu"])
                 self.best_layout = Layout.from_row({str(k): v for k, v in top.items()}).describe()
-        self._paint(force=False)
+        self.paint(force=False)
 
     def line(self) -> str:
         """'grid: 120/2240 layouts priced · best MFU 63.1 % (tp4 pp1 ...)'."""
@@ -66,21 +86,28 @@ class Progress:
         noun = "layout" if count == "1" else "layouts"
         return f"{self.label}: {count} {noun} priced · {best}"
 
-    def _paint(self, *, force: bool) -> None:
+    def paint(self, *, force: bool) -> None:
+        global _shown
         if not self.enabled:
             return
         now = time.monotonic()
         if not force and now - self._last_paint < self.min_interval_s:
             return
         self._last_paint = now
-        self.stream.write("\r" + self.line())
+        # Padded over a longer line painted before, whose tail would otherwise stay.
+        line = self.line().ljust(len(self.painted))
+        self.stream.write("\r" + line)
         self.stream.flush()
+        self.painted, _shown = line, self
 
     def close(self) -> None:
+        global _shown
         if self.enabled:
-            self._paint(force=True)
+            self.paint(force=True)
             self.stream.write("\n")
             self.stream.flush()
+        if _shown is self:
+            _shown = None
 
     def __enter__(self) -> Progress:
         return self

@@ -51,6 +51,7 @@ from layoutsearch.megatron.launchers import Launcher, Trial, build_launcher
 from layoutsearch.megatron.logs import LogResult, parse_log
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.paths import unwritable_file
+from layoutsearch.progress import say
 from layoutsearch.specs import ClusterSpec
 
 if sys.platform != "win32":  # where there is no flock, `import layoutsearch` still works
@@ -247,7 +248,7 @@ DEFAULT_PRESCREEN = "analytic"
 def _tell(line: str) -> None:
     """One line per trial on stderr: a measured search runs for hours, one trial at a time,
     and a dry run's scripts are otherwise found only in the result's reasons."""
-    print(line, file=sys.stderr, flush=True)
+    say(line)
 
 
 class MeasuredCostModel:

@@ -827,3 +827,17 @@ def test_the_paper_drivers_answer_holds_every_layout_it_launched(tmp_path):
     assert list(measured["micro_batch_size"]) == [2, 1]
     assert "micro-batch is raised" in ranked.iloc[0]["paper_rule"]
     assert ranked.iloc[1]["paper_rule"] == "passed over by the rules: fits, no faster than the pick"
+
+
+def test_a_launchs_line_is_a_line_of_its_own_beside_a_progress_line(tmp_path, capsys):
+    # Printed after the progress line, which ends in no newline, it ran on from it
+    # ('... best MFU 22.2 % (tp4 pp8 ...)local: llama_13b_...: ok'), and the next repaint's
+    # carriage return overwrote its start, in a terminal as in a notebook's output.
+    model = fake_measured_model(tmp_path)
+    layoutsearch.search(cost_model=model, driver={"name": "optuna", "n_trials": 2,
+                                                  "progress": True}, **JOB)
+    # What a terminal or a notebook shows: each line as its last carriage return left it.
+    shown = [line.rsplit("\r", 1)[-1].rstrip() for line in capsys.readouterr().err.split("\n")]
+    told = [line for line in shown if "(log " in line]
+    assert len(told) == 2 and all(line.startswith("local: ") for line in told)
+    assert shown[-2].startswith("optuna: 2/2 layouts priced · best MFU ")
