@@ -514,6 +514,10 @@ def test_bad_storage_urls_and_settings_are_named(tmp_path: Path,
         with pytest.raises(LayoutSearchError, match=rf"folder '{tmp_path}/no/such/dir' does "
                                                     "not exist"):
             OptunaDriver(n_trials=2, storage=url, progress=False).run(problem)
+    # A database file given as a path is told its URL.
+    with pytest.raises(LayoutSearchError, match=rf"not a storage URL; for an SQLite file, "
+                                                rf"sqlite:///{re.escape(str(tmp_path))}/s\.db\)"):
+        OptunaDriver(n_trials=2, storage=f"{tmp_path}/s.db", progress=False).run(problem)
     # Two slashes: once 'folder 'sqlite:/tmp/...' does not exist'.
     with pytest.raises(LayoutSearchError, match=r"Invalid SQLite URL: sqlite://tmp/x\.db"):
         OptunaDriver(n_trials=2, storage="sqlite://tmp/x.db", progress=False).run(problem)

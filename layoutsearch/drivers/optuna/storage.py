@@ -29,6 +29,8 @@ from layoutsearch.errors import LayoutSearchError
 
 JOURNAL_SUFFIXES = (".log", ".journal")
 JOURNAL_SCHEME = "journal://"
+SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+"""How a path that names an SQLite file ends: given bare, it is told its URL."""
 UNCLAIMED_S = 30.0
 """A running trial without a worker after this long was orphaned before it was claimed."""
 HEARTBEAT_S = 30.0
@@ -56,7 +58,10 @@ def open_storage(url: str | None) -> BaseStorage:
                 raise FileNotFoundError(f"folder {str(Path(journal).parent)!r} does not exist")
             return JournalStorage(JournalFileBackend(journal))
         if "://" not in url:
-            raise ValueError("not a storage URL")
+            # A database file given as a path: the SQLite URL of that very file.
+            sqlite = f"; for an SQLite file, sqlite:///{Path(url).expanduser().absolute()}" \
+                if Path(url).suffix in SQLITE_SUFFIXES else ""
+            raise ValueError(f"not a storage URL{sqlite}")
         if not url.startswith("sqlite"):
             return RDBStorage(url)
         # sqlite:///relative.db, sqlite:////absolute.db, maybe with ?options after it; a
