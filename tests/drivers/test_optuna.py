@@ -388,6 +388,19 @@ def test_a_study_resumes_from_its_storage(tmp_path: Path, counting: CountingMode
     assert len(counting.priced()) == len(set(counting.priced())) == 25
 
 
+def test_a_study_whose_budget_is_spent_says_so(tmp_path: Path, counting: CountingModel,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # Rerun with a smaller n_trials: the progress line had read "10/4 layouts priced".
+    url = f"sqlite:///{tmp_path}/study.db"
+    OptunaDriver(n_trials=10, storage=url, progress=False).run(make_problem(counting))
+    capsys.readouterr()
+    again = OptunaDriver(n_trials=4, storage=url, progress=False).run(make_problem(counting))
+    assert len(again) == 10 and len(counting.priced()) == 10  # nothing more priced
+    assert capsys.readouterr().err == (
+        "optuna: the study already holds 10 evaluations, driver.n_trials=4: nothing more is "
+        "priced; these are its results (raise driver.n_trials to search further)\n")
+
+
 def test_a_sweep_over_sampler_settings_gets_a_default_named_study_per_job(
         tmp_path: Path, counting: CountingModel) -> None:
     # `-m driver.sampler=tpe,random` (or driver.seed=0,1) on one storage: each job had

@@ -260,11 +260,16 @@ class OptunaDriver:
             if not len(index.open):
                 return self.nothing_to_sample(problem, index)
             stale = self._price_again(study, problem, index)
+            done = len(standing(study.get_trials(deepcopy=False), stale))
+            if self.n_trials is not None and done >= self.n_trials:
+                # A resumed study whose budget is spent prices nothing: say so, not "60/10".
+                print(f"optuna: the study already holds {done} evaluations, driver.n_trials="
+                      f"{self.n_trials}: nothing more is priced; these are its results (raise "
+                      "driver.n_trials to search further)", file=sys.stderr)
             self._warm_start(study, problem, index)
             if self.n_workers == 1:
                 Worker(self, problem, index, study, storage, 0, stale=stale).run()
             else:
-                done = len(standing(study.get_trials(deepcopy=False), stale))
                 release(storage)
                 self._run_workers(problem, done, stale)
             return self.results(study, problem, index)
