@@ -2,10 +2,11 @@
 
 A fake Megatron-LM (`fake_megatron/pretrain_gpt.py` and `fake_torchrun`) prints real-format
 logs priced by the analytic model, with failures injected by environment variable; and a
-conformance suite that any cost model can run.
+conformance suite that any cost model or driver can run.
 
     model = fake_measured_model(tmp_path, top_k=8, inject="2=crash,3=hang")
     check_cost_model(MyCostModel())
+    check_driver(MyDriver())
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ from layoutsearch.costs.measured import MeasuredCostModel
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.megatron.launchers import LocalLauncher
 from layoutsearch.megatron.settings import MegatronSettings
-from layoutsearch.testing.conformance import check_cost_model, conformance_candidates
+from layoutsearch.testing.conformance import (
+    check_cost_model,
+    check_driver,
+    conformance_candidates,
+    conformance_problem,
+)
 
 FAKE_MEGATRON_PATH = Path(__file__).resolve().parent / "fake_megatron"
 """A folder that looks like a Megatron-LM checkout: it holds the fake `pretrain_gpt.py`."""
@@ -121,7 +127,9 @@ __all__ = [
     "FAKE_MEGATRON_PATH",
     "LAUNCHES_FILE",
     "check_cost_model",
+    "check_driver",
     "conformance_candidates",
+    "conformance_problem",
     "fake_measured_model",
     "fake_megatron_settings",
     "launches",
