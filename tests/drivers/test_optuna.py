@@ -313,6 +313,38 @@ def test_a_proposal_of_one_data_parallel_rank_is_its_kept_twin(tmp_path: Path) -
                 for d in (False, True) for o in (False, True)} - {None}) == 4
 
 
+def test_a_study_stored_with_twins_of_one_data_parallel_rank_resumes_with_them_as_one(
+        tmp_path: Path, counting: CountingModel) -> None:
+    # Before dp·cp = 1 kept one optimizer setting, a study priced tp4 pp4 on 16 GPUs with
+    # the plain optimizer too, under a label no candidate has now: resuming it raised
+    # KeyError on that label.
+    space = SearchSpace.load("paper").pin(**SPACE, distributed_optimizer=[False, True])
+    problem = make_problem(counting, space=space)
+    url = f"sqlite:///{tmp_path}/study.db"
+    driver = OptunaDriver(n_trials=1, storage=url, sampler="random", seed=0, progress=False)
+    driver.run(problem)
+    index = LayoutIndex.of(problem)
+    study = optuna.load_study(study_name=driver.default_study_name(driver.fingerprint(problem)),
+                              storage=url)
+    kept = next(int(i) for i in index.open if problem.candidates["dp"].iat[int(i)] == 1)
+    scored = problem.evaluate(problem.candidates.iloc[[kept]]).iloc[0]
+    old = {**index.params_of(kept), "distributed_optimizer": False}
+    stored = study.trials[0]
+    for params in (old, index.params_of(kept)):  # the plain twin, then the kept one
+        study.add_trial(optuna.trial.create_trial(
+            params=encode(index, params), distributions=stored.distributions,
+            values=[float(scored["mfu"])], constraints={"fits": 0.0}, user_attrs={
+                "layout": " ".join(f"{k}={v}" for k, v in {**index.fixed, **params}.items()),
+                "evaluated": True, "costs": {"mfu": float(scored["mfu"]), "fits": True}}))
+    later = study.trials[-1].number
+    ranked = OptunaDriver(n_trials=3, storage=url, sampler="random", seed=0,
+                          progress=False).run(problem)
+    assert len(ranked) == 3 and ranked["trial"].is_unique
+    twins = ranked[ranked.apply(label, axis=1) == index.labels[kept]]
+    assert len(twins) == 1 and bool(twins["distributed_optimizer"].iloc[0])
+    assert twins["trial"].iloc[0] == later  # the later of the two stands
+
+
 def test_with_no_layout_it_can_price_the_driver_answers_with_the_reasons(
         tmp_path: Path) -> None:
     model = TorchUnmeasured(tmp_path / "priced.txt")

@@ -260,7 +260,7 @@ class OptunaDriver:
             if not len(index.open):
                 return self.nothing_to_sample(problem, index)
             stale = self._price_again(study, problem, index)
-            done = len(standing(study.get_trials(deepcopy=False), stale))
+            done = len(standing(study.get_trials(deepcopy=False), stale, index))
             if self.n_trials is not None and done >= self.n_trials:
                 # A resumed study whose budget is spent prices nothing: say so, not "60/10".
                 print(f"optuna: the study already holds {done} evaluations, driver.n_trials="
@@ -300,17 +300,16 @@ class OptunaDriver:
         model's failures it is told to retry, its launches that recorded nothing), each
         layout queued first so that they are asked before the sampler's own proposals."""
         trials = study.get_trials(deepcopy=False)
-        stale = [t for t in standing(trials, ()).values()
-                 if reprices(problem.cost_model, t.user_attrs.get("costs") or {})]
+        stale = {label: t for label, t in standing(trials, (), index).items()
+                 if reprices(problem.cost_model, t.user_attrs.get("costs") or {})}
         waiting = {t.user_attrs.get("layout") for t in trials if t.state == TrialState.WAITING}
-        for trial in stale:
-            label = trial.user_attrs["layout"]
+        for label, trial in stale.items():
             position = index.rows.get(label)
             if label in waiting or position is None or position not in index.open:
                 continue
             study.enqueue_trial(encode(index, index.params_of(position)),
                                 user_attrs={"layout": label, "prices_again": trial.number})
-        return frozenset(t.number for t in stale)
+        return frozenset(t.number for t in stale.values())
 
     def _warm_start(self, study: optuna.Study, problem: SearchProblem,
                     index: LayoutIndex) -> None:
@@ -375,9 +374,10 @@ class OptunaDriver:
                 index: LayoutIndex) -> pd.DataFrame:
         """One row per evaluated layout: the candidate, its costs, the trial that priced it
         last."""
-        evaluated = sorted(standing(study.get_trials(deepcopy=False), ()).values(),
-                           key=lambda t: t.number)
-        rows = problem.candidates.iloc[[index.rows[t.user_attrs["layout"]] for t in evaluated]]
+        by_label = standing(study.get_trials(deepcopy=False), (), index)
+        labels = sorted(by_label, key=lambda label: by_label[label].number)
+        evaluated = [by_label[label] for label in labels]
+        rows = problem.candidates.iloc[[index.rows[label] for label in labels]]
         records = [{**UNPRICED, **(t.user_attrs.get("costs")
                                    or {"reason": t.user_attrs.get("error", "")})}
                    for t in evaluated]

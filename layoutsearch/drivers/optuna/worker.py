@@ -87,10 +87,14 @@ def is_evaluation(trial: FrozenTrial) -> bool:
     return trial.state == TrialState.COMPLETE or "error" in trial.user_attrs
 
 
-def standing(trials: list[FrozenTrial], stale: Collection[int]) -> dict[str, FrozenTrial]:
-    """The evaluation that stands for each layout (by label): its latest, unless that one is
-    to be priced again (`stale`: trial numbers the search found so when it started)."""
-    latest = {t.user_attrs["layout"]: t for t in trials if is_evaluation(t)}
+def standing(trials: list[FrozenTrial], stale: Collection[int],
+             index: LayoutIndex) -> dict[str, FrozenTrial]:
+    """The evaluation that stands for each layout (by `index`'s label): its latest, unless
+    that one is to be priced again (`stale`: trial numbers the search found so when it
+    started). The label is made again from the trial's parameters, not taken as stored: a
+    study stored before the candidates folded some twins into one row (dp·cp = 1's optimizer
+    settings) names a twin no row has, and resumes with the twins as that row."""
+    latest = {index.label(decode(index, t.params)): t for t in trials if is_evaluation(t)}
     return {label: t for label, t in latest.items() if t.number not in stale}
 
 
@@ -183,7 +187,7 @@ class Worker:
         return any(alive(t) for t in running)
 
     def done(self) -> bool:
-        evaluations = standing(self.study.get_trials(deepcopy=False), self.stale)
+        evaluations = standing(self.study.get_trials(deepcopy=False), self.stale, self.index)
         self.progress.done = len(evaluations)  # the study's, by every worker, not this one's
         budget = self.driver.n_trials
         if budget is not None and len(evaluations) >= budget:
@@ -228,7 +232,7 @@ class Worker:
                 trial.set_user_attr("reason", f"being evaluated in trial {other.number}")
                 self.queue_nearest(params, trials)
                 return TrialState.PRUNED, None
-        priced = standing(trials, self.stale).get(label)
+        priced = standing(trials, self.stale, self.index).get(label)
         if priced is not None:
             self.queue_nearest(params, trials)
             return self.reuse(trial, priced)
@@ -239,8 +243,8 @@ class Worker:
         """Queue the closest layout nobody has priced, is pricing or has queued."""
         busy = [t.user_attrs.get("layout") for t in trials
                 if t.state in (TrialState.RUNNING, TrialState.WAITING)]
-        taken = {self.index.rows[label] for label in [*standing(trials, self.stale), *busy]
-                 if label in self.index.rows}
+        priced = standing(trials, self.stale, self.index)
+        taken = {self.index.rows[label] for label in [*priced, *busy] if label in self.index.rows}
         nearest = self.index.nearest(params, taken, self.rng)
         if nearest is not None:
             near = self.index.params_of(nearest)
@@ -296,3 +300,8 @@ class Worker:
 def encode(index: LayoutIndex, params: Mapping[str, Any]) -> dict[str, Any]:
     """Trial parameters of a layout: integer knobs as positions in their ordered values."""
     return {k: index.params[k].index(v) if k in INTEGER_KNOBS else v for k, v in params.items()}
+
+
+def decode(index: LayoutIndex, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The knob values of a trial's parameters (`encode` undone)."""
+    return {k: index.params[k][v] if k in INTEGER_KNOBS else v for k, v in params.items()}
