@@ -68,7 +68,7 @@ def test_run_writes_the_same_ranking_as_the_python_api(tmp_path: Path) -> None:
         assert np.allclose(ranked[column], expected[column], equal_nan=True)
     # The report: the job, exactly top_k ranking rows, both breakdowns of the best layout.
     out = done.stdout
-    assert "job: llama_13b" in out and "64 x a100_80gb" in out
+    assert "job: llama_13b (14.0B parameters, vocab 128,000) on 64 x a100_80gb" in out
     ranking = out.split("top 3:\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert len(ranking) == 1 + 3  # header and three rows
     assert all(column in ranking[0] for column in LAYOUT_COLUMNS)

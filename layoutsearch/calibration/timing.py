@@ -37,8 +37,8 @@ constant. On the study's runs, against the squared log error at weight 1: in-sam
 4.9 % against 5.05 % at the same min ρ (0.901 against 0.900); leave-one-job-out pooled min ρ
 0.85 against 0.80 and MFU MAPE 6.9 % against 7.4 %, four held-out jobs at least as good as
 the prior either way. The weight trades MFU error against the ranking penalties: 0.05 (the
-squared loss's pull at a 5 % error) gave in-sample MAPE 5.9 % and min ρ 0.911, 0.4 gave
-4.7 % and 0.892; 0.2 keeps the ranking where the squared loss left it."""
+squared loss's value at a 5 % error, 0.05 × 0.05) gave in-sample MAPE 5.9 % and min ρ 0.911,
+0.4 gave 4.7 % and 0.892; 0.2 keeps the ranking where the squared loss left it."""
 TIME_ERROR_SMOOTHING = 0.005
 """Log error (0.5 %) below which the absolute error is rounded into a parabola,
 sqrt(e² + s²) − s, so that the simplex search meets no kink at zero."""

@@ -63,7 +63,7 @@ from layoutsearch.reporting.sweep import (
     write_ranking,
     write_summary,
 )
-from layoutsearch.results import counts_line, job_of
+from layoutsearch.results import counts_line, grouped, job_of
 from layoutsearch.space import SearchSpace
 
 SUMMARY_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "peak_memory_gib", "headroom_gib",
@@ -156,7 +156,7 @@ def report(ranked: pd.DataFrame, space: SearchSpace, top_k: int) -> str:
     fits = int(ranked["fits"].sum())
     lines = [
         f"job: {job.model.name} ({job.model.num_parameters() / 1e9:.1f}B parameters, "
-        f"vocab {job.model.vocab_size}) on {job.num_gpus} x {job.cluster.gpu.name}, "
+        f"vocab {grouped(job.model.vocab_size)}) on {job.num_gpus} x {job.cluster.gpu.name}, "
         f"seq_length {job.seq_length}, global_batch_size {job.global_batch_size}",
         f"search space {space.name!r}: {counts_line(ranked)}",
         "",
