@@ -218,8 +218,7 @@ def validate_measurements(
     for column in FLOAT_COLUMNS:
         out[column] = _as_float(out, column, source, rows)
     _check_values(out, source, rows, statuses=(PLANNED,) if unrun else STATUSES)
-    if "recompute_num_layers" in out.columns:
-        _check_recompute_layers(out, source, rows)
+    _check_full_recompute(out, source, rows)
     if gpus is not None:
         unknown = ~out["gpu"].isin(list(gpus))
         if unknown.any():
@@ -241,8 +240,18 @@ def validate_measurements(
 OPTIONAL_FIGURES = ("peak_memory_gib", "tflops_per_gpu", "tokens_per_s")
 """Optional measured figures (docs/measurements.md) that the replay and measured cost models
 report for a layout, without a default: a row without one has none."""
-READ_COLUMNS = (*REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS, "recompute_num_layers",
-                *OPTIONAL_FIGURES)
+FULL_RECOMPUTE: dict[str, str | int] = {"recompute_method": "uniform", "recompute_num_layers": 1}
+"""The optional columns of Megatron-LM's settings of a full recompute (--recompute-method,
+--recompute-num-layers), each with the one value layoutsearch's `full` runs with (every
+layer its own checkpoint, megatron/args.py)."""
+FULL_RECOMPUTE_OTHERS = {
+    "recompute_method": "'block' recomputes only the first --recompute-num-layers layers of "
+                        "each pipeline stage and keeps the others' activations",
+    "recompute_num_layers": "another count recomputes chunks of that many layers (uniform) "
+                            "or only that many layers of each pipeline stage (block)",
+}
+"""What a row under another value of each FULL_RECOMPUTE column ran, for its refusal."""
+READ_COLUMNS = (*REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS, *FULL_RECOMPUTE, *OPTIONAL_FIGURES)
 """The columns layoutsearch reads a value from; others are kept as they are."""
 
 
@@ -321,25 +330,36 @@ def _check_values(t: pd.DataFrame, source: str, rows: Sequence[str],
                     f"does not equal num_gpus={r.num_gpus}")
 
 
-def _check_recompute_layers(t: pd.DataFrame, source: str, rows: Sequence[str]) -> None:
-    """The optional `recompute_num_layers` (Megatron-LM's --recompute-num-layers) of a full
-    recompute: empty or 1, layoutsearch's `full` (--recompute-method uniform
-    --recompute-num-layers 1, every layer its own checkpoint). Other counts (a partial
-    recompute, or chunks of layers) are no layout layoutsearch prices: read as `full`, their
-    step time and memory would price another layout. Without a full recompute Megatron-LM
-    takes no layer count, so the cell is not read."""
+def _check_full_recompute(t: pd.DataFrame, source: str, rows: Sequence[str]) -> None:
+    """The optional `recompute_method` and `recompute_num_layers` of a full recompute: empty
+    or FULL_RECOMPUTE's value, layoutsearch's `full` (--recompute-method uniform
+    --recompute-num-layers 1). Other settings (a partial recompute, or chunks of layers) are
+    no layout layoutsearch prices: read as `full`, their step time and memory would price
+    another layout. Without a full recompute Megatron-LM takes neither, so the cells are not
+    read."""
     full = (t["recompute"] == "full").to_numpy()
     full_rows = [row for row, is_full in zip(rows, full, strict=True) if is_full]
-    layers = _as_float(t[full], "recompute_num_layers", source, full_rows)
-    bad = layers.notna() & (layers != 1)
-    if bad.any():
-        i = _first(bad)
-        raise _fail(source, full_rows[i], "recompute_num_layers",
-                    f"{layers.iloc[i]:g} with recompute 'full' is "
-                    "no layout layoutsearch prices: its 'full' recomputes every layer, one "
-                    "per checkpoint (--recompute-method uniform --recompute-num-layers 1); "
-                    "leave such runs out, or write 1 (or leave the cell empty) for runs "
-                    "that did that")
+    for column, taken in FULL_RECOMPUTE.items():
+        if column not in t.columns:
+            continue
+        if isinstance(taken, str):
+            cells = t.loc[full, column].astype(object)
+            text = cells.where(cells.isna(), cells.astype(str).str.strip())
+            values = text.where(text != "")  # a blank cell is an empty one
+            bad = values.notna() & (values.str.lower() != taken)
+            shown = values.map(repr)
+        else:
+            values = _as_float(t[full], column, source, full_rows)
+            bad = values.notna() & (values != taken)
+            shown = values.map("{:g}".format)
+        if bad.any():
+            i = _first(bad)
+            raise _fail(source, full_rows[i], column,
+                        f"{shown.iloc[i]} with recompute 'full' is no layout layoutsearch "
+                        "prices: its 'full' recomputes every layer, one per checkpoint "
+                        "(--recompute-method uniform --recompute-num-layers 1), and "
+                        f"{FULL_RECOMPUTE_OTHERS[column]}; leave such runs out, or write "
+                        f"{taken} (or leave the cell empty) for runs that did that")
 
 
 UNIT_TOLERANCE = 2.0

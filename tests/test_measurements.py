@@ -458,6 +458,39 @@ def test_a_partial_full_recompute_is_refused_not_priced_as_full(
         read_measurements(write(tmp_path, rows))
 
 
+def test_a_block_full_recompute_is_refused_not_priced_as_full(
+    tmp_path: Path, measurement_row: dict[str, Any]
+) -> None:
+    # Megatron-LM's --recompute-method block recomputes only the first
+    # --recompute-num-layers layers of each pipeline stage: read as `full`, its step time
+    # and memory would price every layer recomputed.
+    full = {**measurement_row, "recompute": "full", "step_time_s": 40.0, "mfu": 0.45}
+    rows = [{**full, "recompute_method": "uniform"}, {**full, "tp": 4, "dp": 16},
+            {**full, "tp": 8, "dp": 8, "recompute_method": " Uniform "},
+            {**measurement_row, "recompute_method": "block"},  # not read without full
+            {**measurement_row, "tp": 4, "dp": 16, "recompute_method": "-"}]
+    assert len(read_measurements(write(tmp_path, rows))) == 5
+    rows.append({**full, "tp": 1, "dp": 64, "recompute_method": "block",
+                 "recompute_num_layers": 1})
+    with pytest.raises(LayoutSearchError, match=r"line 7, column 'recompute_method': 'block' "
+                                                r"with recompute 'full' is no layout "
+                                                r"layoutsearch prices: .*'block' recomputes "
+                                                r"only the first --recompute-num-layers "
+                                                r"layers of each pipeline stage.*; leave such "
+                                                r"runs out, or write uniform \(or leave the "
+                                                r"cell empty\)"):
+        read_measurements(write(tmp_path, rows))
+    # A frame names the row by its index label, and reads the column too.
+    with pytest.raises(LayoutSearchError, match=r"index 5, column 'recompute_method': 'block'"):
+        validate_measurements(pd.DataFrame(rows))
+    # A file with the column twice cannot say which method its runs took.
+    header, line = write(tmp_path, rows[:1]).read_text().splitlines()
+    (tmp_path / "runs.csv").write_text(f"{header},recompute_method\n{line},block\n")
+    with pytest.raises(LayoutSearchError, match=r"column\(s\) 'recompute_method' appear more "
+                                                r"than once"):
+        read_measurements(tmp_path / "runs.csv")
+
+
 def test_a_file_not_in_utf8_names_its_first_such_line(
     tmp_path: Path, measurement_row: dict[str, Any]
 ) -> None:

@@ -61,7 +61,9 @@ FILE_COLUMNS = (
     *REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS, *OPTIONAL_FIGURES, "source", "message", "log_path",
 )
 """Columns of the rows the model appends (schema-required first, then optional ones): every
-column of MEASUREMENT_KEY, so a row read back matches the layout it measured."""
+column of MEASUREMENT_KEY, so a row read back matches the layout it measured. Not the
+optional recompute_method and recompute_num_layers: its full recompute is always uniform
+with one layer a checkpoint (megatron/args.py), which their empty cells read as."""
 
 
 RETRIABLE = ("error", "timeout", "oom", "unavailable")

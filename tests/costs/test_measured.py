@@ -449,6 +449,26 @@ def test_appending_to_a_users_csv_keeps_its_rows_and_every_figure_of_the_new_one
     assert again.launched == 0 and len(read_measurements(path)) == 2
 
 
+def test_a_full_recompute_measured_into_a_file_that_records_its_method_reads_back_as_run(
+        tmp_path, measurement_row):
+    # The file's own runs say --recompute-method uniform; the model's rows leave the cell
+    # empty, which reads as the uniform method with one layer a checkpoint that it ran.
+    path = tmp_path / "runs.csv"
+    pd.DataFrame([{**measurement_row, "recompute": "full", "recompute_method": "uniform",
+                   "step_time_s": 40.0, "mfu": 0.45}]).to_csv(path, index=False)
+    first = fake_measured_model(tmp_path, top_k=1, measurements=path)
+    layoutsearch.search(cost_model=first, search_space="default", tp=1, pp=1, cp=1, vp=1,
+                        recompute="full", **JOB)
+    rows = read_measurements(path)
+    assert first.launched == 1 and rows["recompute"].tolist() == ["full", "full"]
+    assert rows["recompute_method"].iloc[0] == "uniform"
+    assert pd.isna(rows["recompute_method"].iloc[1])
+    again = fake_measured_model(tmp_path, top_k=1, measurements=path)
+    layoutsearch.search(cost_model=again, search_space="default", tp=1, pp=1, cp=1, vp=1,
+                        recompute="full", **JOB)
+    assert again.launched == 0
+
+
 def _spaced(header: str, row: str) -> tuple[str, str]:
     return header.replace(",", ", "), row.replace(",", ", ")
 
