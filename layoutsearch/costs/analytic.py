@@ -59,6 +59,9 @@ class AnalyticCostModel:
         constants = {gpu: c.to_dict() for gpu, c in sorted(self.constants.items())}
         return hashlib.sha1(json.dumps(constants, sort_keys=True).encode()).hexdigest()[:16]
 
+    def fingerprint_covers(self) -> str:
+        return f"the constants of {self.source or 'this analytic model'}: they changed"
+
     def config_name(self) -> str | None:
         """The `cost_models/` config holding these very constants (e.g. `analytic`), if any:
         the name a measured search's `prescreen` takes to rank as this model does. Files that

@@ -5,7 +5,8 @@ A cost model is any object with a `name` and a `score(candidates, clusters)` met
 the layout (see `space.SearchSpace.candidates`); `score` returns a frame on the same index
 with at least PREDICTION_COLUMNS, plus any breakdown columns (`time_*_s`, `memory_*_gib`).
 A cost model may also define `fingerprint() -> str`, what it prices with (constants, a file):
-a resumed optuna study refuses to continue under a model with another fingerprint. And it may
+a resumed optuna study refuses to continue under a model with another fingerprint, and says
+what the fingerprint covers by `fingerprint_covers() -> str`, where the model has one. And it may
 define `unpriced(candidates, clusters) -> pd.Series`: for each row, why it would return no
 figures for it ("" where it would), found without pricing anything — a replay's layouts the
 file never measured, a measured model's layouts it will not launch. The optuna driver
@@ -82,3 +83,10 @@ def cost_model_fingerprint(model: CostModel) -> str:
     """`name:fingerprint()`, or the name alone for a model without a fingerprint."""
     fingerprint = getattr(model, "fingerprint", None)
     return f"{model.name}:{fingerprint()}" if callable(fingerprint) else model.name
+
+
+def fingerprint_covers(model: CostModel) -> str:
+    """What `model`'s fingerprint covers and why it would change (its `fingerprint_covers()`),
+    for a study refused under another: a digest alone tells a user nothing."""
+    covers = getattr(model, "fingerprint_covers", None)
+    return str(covers()) if callable(covers) else f"what cost model {model.name!r} prices with"

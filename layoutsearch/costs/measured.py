@@ -505,6 +505,10 @@ class MeasuredCostModel:
         prescreen = cost_model_fingerprint(self.prescreen) if self.prescreen else None
         return f"{self.file.path.resolve()}|prescreen={prescreen}|top_k={self.top_k}"
 
+    def fingerprint_covers(self) -> str:
+        return (f"its measurement file ({self.file.path}), prescreen and top_k: one of them "
+                "changed")
+
     def score(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
               ) -> pd.DataFrame:
         index = candidates.index

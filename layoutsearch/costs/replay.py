@@ -157,6 +157,10 @@ class ReplayCostModel:
                                             index=False).sum()
         return f"{int(digest) & (2**64 - 1):016x}"
 
+    def fingerprint_covers(self) -> str:
+        return (f"the runs of {self.source} as layoutsearch reads them: the file changed, or a "
+                "newer layoutsearch reads it differently")
+
     @classmethod
     def load(cls, path: str | Path) -> ReplayCostModel:
         """From a measurement file (CSV, or Parquet by its suffix), validated on reading."""

@@ -33,6 +33,7 @@ from optuna.trial import TrialState
 from layoutsearch import search
 from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
 from layoutsearch.costs import PREDICTION_COLUMNS, build_cost_model
+from layoutsearch.costs.replay import ReplayCostModel
 from layoutsearch.drivers import build_driver
 from layoutsearch.drivers.layout_index import LayoutIndex
 from layoutsearch.drivers.optuna import OptunaDriver, open_storage
@@ -541,9 +542,36 @@ def test_a_study_priced_by_other_constants_is_refused(tmp_path: Path) -> None:
                                 problem.clusters)
     with pytest.raises(LayoutSearchError, match=r"^study 's' in .* was made for another search: "
                                                 r"cost_model: study 'analytic:\w+', this search "
-                                                r"'analytic:\w+'; use another "
-                                                r"driver.study_name or driver.storage$"):
+                                                r"'analytic:\w+' \(a cost model's "
+                                                r"fingerprint covers the constants of "
+                                                r"analytic_prior: they changed\); use another "
+                                                r"driver.study_name or driver.storage, or "
+                                                r"delete study 's' \(optuna.delete_study\) "
+                                                r"to start over$"):
         OptunaDriver(n_trials=2, storage=url, study_name="s", progress=False).run(other)
+
+
+def test_a_replay_study_whose_file_changed_says_what_its_fingerprint_covers(
+        tmp_path: Path, measurement_row: dict[str, Any]) -> None:
+    url = f"sqlite:///{tmp_path}/study.db"
+    runs = tmp_path / "runs.csv"
+    rows = [{**measurement_row, "distributed_optimizer": True}]
+    pd.DataFrame(rows).to_csv(runs, index=False)
+    problem = make_problem(ReplayCostModel.load(runs))
+    OptunaDriver(n_trials=2, storage=url, study_name="s", progress=False).run(problem)
+    # The file gains a run between two searches: its fingerprint, a digest of its runs,
+    # changes, and the refusal says why and what to do, not two digests alone.
+    rows.append({**rows[0], "tp": 4, "dp": 16})
+    pd.DataFrame(rows).to_csv(runs, index=False)
+    grown = SearchProblem.build(problem.job, problem.space, ReplayCostModel.load(runs),
+                                problem.clusters)
+    with pytest.raises(LayoutSearchError, match=(
+            r"^study 's' in .* was made for another search: cost_model: study 'replay:\w+', "
+            r"this search 'replay:\w+' \(a cost model's fingerprint covers the runs of "
+            + re.escape(str(runs)) + r" as layoutsearch reads them: the file changed, or a "
+            r"newer layoutsearch reads it differently\); use another driver.study_name or "
+            r"driver.storage, or delete study 's' \(optuna.delete_study\) to start over$")):
+        OptunaDriver(n_trials=2, storage=url, study_name="s", progress=False).run(grown)
 
 
 def test_bad_storage_urls_and_settings_are_named(tmp_path: Path,

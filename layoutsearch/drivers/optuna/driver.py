@@ -41,7 +41,7 @@ from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
 from layoutsearch.costs import build_cost_model
-from layoutsearch.costs.base import cost_model_fingerprint, reprices
+from layoutsearch.costs.base import cost_model_fingerprint, fingerprint_covers, reprices
 from layoutsearch.costs.measured import MeasuredCostModel
 from layoutsearch.drivers.layout_index import LayoutIndex
 from layoutsearch.drivers.optuna.storage import fail_dead_workers, open_storage, release
@@ -203,10 +203,13 @@ class OptunaDriver:
         if stored is None:
             study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
         elif stored != fingerprint:
+            covers = fingerprint_covers(problem.cost_model)
+            why = {"cost_model": f"a cost model's fingerprint covers {covers}"}
             raise LayoutSearchError(
                 f"study {name!r} in {self.storage!r} was made for another search: "
-                + "; ".join(_differences(stored, fingerprint))
-                + "; use another driver.study_name or driver.storage"
+                + "; ".join(_differences(stored, fingerprint, why))
+                + f"; use another driver.study_name or driver.storage, or delete study "
+                f"{name!r} (optuna.delete_study) to start over"
             )
         return study
 
@@ -416,7 +419,10 @@ def _cluster_fields(cluster: ClusterSpec) -> dict[str, Any]:
     return {**fields, **{f"gpu.{name}": value for name, value in gpu.items()}}
 
 
-def _differences(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+def _differences(stored: Mapping[str, Any], wanted: Mapping[str, Any],
+                 why: Mapping[str, str] | None = None) -> list[str]:
+    """Each part that differs: "part key: study OLD, this search NEW", and `why` the part
+    may change, in parentheses, where it says."""
     out = []
     for part in sorted(set(stored) | set(wanted)):
         old, new = stored.get(part, ABSENT), wanted.get(part, ABSENT)
@@ -425,5 +431,7 @@ def _differences(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[s
                     f"{new.get(key, ABSENT)!r}" for key in sorted(set(old) | set(new))
                     if old.get(key, ABSENT) != new.get(key, ABSENT)]
         elif old != new:
-            out.append(f"{part}: study {old!r}, this search {new!r}")
+            reason = (why or {}).get(part)
+            out.append(f"{part}: study {old!r}, this search {new!r}"
+                       + (f" ({reason})" if reason else ""))
     return out
