@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -49,6 +50,16 @@ def layoutsearch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def shell_words(out: str, header: str) -> list[str]:
+    """The words bash reads from the command the output prints below `header` (its first
+    words): its indented lines, continued with backslashes, run as `printf`'s arguments."""
+    block = out.split(header, 1)[1].split("\n\n", 1)[0]
+    lines = "\n".join(line for line in block.splitlines() if line.startswith("  "))
+    done = subprocess.run(["bash", "-c", f"printf '%s\\n' \\\n{lines}"],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.splitlines()
+
+
 def test_run_writes_the_same_ranking_as_the_python_api(tmp_path: Path) -> None:
     done = layoutsearch(
         "model=llama_13b", "model.vocab_size=128000", "num_gpus=64", FAST, "top_k=3",
@@ -76,6 +87,35 @@ def test_run_writes_the_same_ranking_as_the_python_api(tmp_path: Path) -> None:
     assert "gemm" in out and "weights" in out
     assert expected.attrs["close_call_note"]  # runners-up within 5 % of the best
     assert f"note: {expected.attrs['close_call_note']}" in out
+    # Eight nodes: the best layout's pretrain_gpt.py arguments, as ranked.csv has them.
+    assert ("best layout's command (pretrain_gpt.py arguments; emit=megatron writes the sbatch "
+            "script that runs them on 8 nodes, with NVTE_FLASH_ATTN=1") in " ".join(out.split())
+    best_args = pd.read_csv(tmp_path / "run" / "ranked.csv",
+                            keep_default_na=False).loc[0, "megatron_args"]
+    assert shell_words(out, "best layout's command") == shlex.split(best_args)
+    assert out.index("best layout, memory") < out.index("best layout's command")
+
+
+def test_a_one_node_jobs_best_command_is_its_torchrun_line(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    done = layoutsearch("num_gpus=8", "global_batch_size=64", "search_spaces.tp=[2]",
+                        "search_spaces.pp=[1,2]", "emit=megatron", "top_k=1",
+                        f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    header = "best layout's launch command (one node; emit=megatron writes it as a script):"
+    assert header in done.stdout
+    # As pasted into bash: the environment (tp 2 needs CUDA_DEVICE_MAX_CONNECTIONS=1), then
+    # the torchrun line of the script emit=megatron wrote, whose arguments are ranked.csv's.
+    argv = shell_words(done.stdout, header)
+    (script,) = (run_dir / "megatron").glob("*.sh")
+    lines = script.read_text().strip().splitlines()
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in lines
+    exports = [shlex.split(line)[1] for line in lines if line.startswith("export ")]
+    assert argv[:len(exports)] == exports
+    assert argv[len(exports):] == shlex.split(lines[-1])
+    pretrain = argv.index(str(tmp_path / "Megatron-LM" / "pretrain_gpt.py"))
+    best_args = pd.read_csv(run_dir / "ranked.csv", keep_default_na=False).loc[0, "megatron_args"]
+    assert argv[pretrain + 1:] == shlex.split(best_args)
 
 
 def test_multirun_runs_every_job_and_model_overrides_change_the_result(tmp_path: Path) -> None:
@@ -520,6 +560,7 @@ def test_a_dry_run_exits_0_with_its_scripts(tmp_path: Path) -> None:
     assert "note: dry run: wrote 1 launch script and measured nothing (rows 0-0): " \
         in done.stdout
     assert "no layout fits" not in done.stdout
+    assert "best layout" not in done.stdout  # nothing was measured: no command to launch
     assert len(list((tmp_path / "megatron_logs").glob("*.sh"))) == 1
     # emit=megatron ranks nothing a dry run did not measure: it points at the dry run's.
     assert (f"wrote no Megatron-LM launch scripts to {tmp_path / 'run' / 'megatron'}: the "

@@ -48,6 +48,7 @@ from layoutsearch.drivers import build_driver
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.megatron import emit_megatron
+from layoutsearch.megatron.emit import best_command_lines
 from layoutsearch.paths import config_folders, package_folder
 from layoutsearch.reporting import report as write_run_report
 from layoutsearch.reporting.sweep import (
@@ -151,7 +152,8 @@ def _table(frame: pd.DataFrame) -> str:
 
 
 def report(ranked: pd.DataFrame, space: SearchSpace, top_k: int) -> str:
-    """The job, the top `top_k` rows, and the best layout's time and memory breakdowns."""
+    """The job, the top `top_k` rows, the best layout's time and memory breakdowns, and its
+    Megatron-LM command."""
     job = job_of(ranked, "report")
     fits = int(ranked["fits"].sum())
     lines = [
@@ -185,6 +187,9 @@ def report(ranked: pd.DataFrame, space: SearchSpace, top_k: int) -> str:
             index=[c.removeprefix(f"{prefix}_").removesuffix(f"_{unit}") for c in parts],
         )
         lines += ["", f"best layout, {prefix} ({total} = {best[total]:.3f}):", _table(breakdown)]
+    command = best_command_lines(ranked)
+    if command:
+        lines += ["", *command]
     return "\n".join(lines)
 
 

@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import shlex
+import textwrap
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.megatron.args import MegatronCommand, build_command
 from layoutsearch.megatron.checks import every_command_rejected, rejection
 from layoutsearch.megatron.launchers import DRY_RUN_REASON
-from layoutsearch.megatron.scripts import write_script
+from layoutsearch.megatron.scripts import needs_sbatch, torchrun_argv, write_script
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.megatron.validation import Problem
 from layoutsearch.results import COMMAND_REJECTED, job_of
@@ -203,3 +205,60 @@ def emit_megatron(ranked: pd.DataFrame, output_dir: Path, top_k: int = 5) -> Non
         print(f"note: the scripts run {settings.script_path}, which is not on this machine; "
               f"where Megatron-LM is elsewhere, set megatron_path in a copy of "
               f"cost_models/megatron.yaml and pass it as megatron=<that file>")
+
+
+def _shell_lines(segments: Sequence[Sequence[str]], width: int) -> list[str]:
+    """Shell words (quoted), a flag kept on one line with its values, filled to `width`
+    columns and continued with backslashes, so that the lines paste into a shell as one
+    command. Each segment (the environment, the launcher, the script) starts a line."""
+    fill = width - len("  ") - len(" \\")  # the indent and the continuation
+    lines: list[str] = []
+    for segment in segments:
+        line = ""
+        groups: list[list[str]] = []
+        for word in segment:
+            if not groups or word.startswith("-"):
+                groups.append([])
+            groups[-1].append(word)
+        for group in map(" ".join, groups):
+            if line and len(line) + 1 + len(group) > fill:
+                lines.append(line)
+                line = group
+            else:
+                line = f"{line} {group}" if line else group
+        if line:
+            lines.append(line)
+    return [f"  {line}" + (" \\" if i < len(lines) - 1 else "") for i, line in enumerate(lines)]
+
+
+def best_command_lines(ranked: pd.DataFrame, width: int = 88) -> list[str]:
+    """The best row's Megatron-LM command as the CLI prints it: on one node, the torchrun
+    line of its `emit=megatron` script with the environment the run needs
+    (CUDA_DEVICE_MAX_CONNECTIONS=1 with tp or cp > 1, Transformer Engine's attention
+    switches); where the script is an sbatch one, the `pretrain_gpt.py` arguments, naming
+    that environment. Built as `megatron_args` and the scripts are (`ranked.attrs`'s job and
+    settings); none when the best row has no command (nothing fits, a dry run's rows, a
+    frame without `megatron_args`)."""
+    args = ranked["megatron_args"].iloc[0] if len(ranked) and "megatron_args" in ranked else ""
+    if not isinstance(args, str) or not args:
+        return []
+    settings = resolve_settings(ranked.attrs.get(MEGATRON_SETTINGS))
+    row = {str(k): v for k, v in ranked.iloc[0].items()}
+    command = _command(row, job_of(ranked, "the best layout's command"), settings)
+    if command is None:
+        return []
+    env = [f"{name}={shlex.quote(value)}" for name, value in sorted(command.env.items())]
+    if needs_sbatch(command, settings):
+        nodes = f"{command.nodes} node{'s' * (command.nodes != 1)}"
+        header = ("best layout's command (pretrain_gpt.py arguments; emit=megatron writes the "
+                  f"sbatch script that runs them on {nodes}"
+                  + (f", with {' '.join(env)}" if env else "") + "):")
+        segments: list[Sequence[str]] = [list(map(shlex.quote, command.argv))]
+    else:
+        header = "best layout's launch command (one node; emit=megatron writes it as a script):"
+        launcher = list(map(shlex.quote, torchrun_argv(command, settings)))
+        script = len(launcher) - len(command.argv) - 1  # the script, then its arguments
+        segments = [env, launcher[:script], launcher[script:]]
+    wrap = partial(textwrap.wrap, width=width, break_long_words=False, break_on_hyphens=False)
+    return [*wrap(header), *_shell_lines(segments, width),
+            *(line for note in command.notes for line in wrap(f"caveat: {note}"))]

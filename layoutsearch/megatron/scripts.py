@@ -208,6 +208,14 @@ def _then_teardown(run: str, teardown: list[str]) -> list[str]:
     return ["status=0", f"{run} || status=$?", *teardown, 'exit "$status"']
 
 
+def needs_sbatch(command: MegatronCommand, settings: MegatronSettings) -> bool:
+    """Whether the command is launched by an sbatch script rather than torchrun on this
+    node: it runs on several nodes, or the settings are for Slurm (a `slurm` mapping or the
+    slurm launcher), where a one-node torchrun line would leave out the partition, account
+    and setup lines."""
+    return command.nodes > 1 or bool(settings.slurm) or settings.launcher == "slurm"
+
+
 def write_script(command: MegatronCommand, settings: MegatronSettings, path: Path,
                  label: str = "", step_time_s: float | None = None) -> Path:
     """Write the sbatch script (several nodes, or one where the settings are for Slurm: a
@@ -216,11 +224,9 @@ def write_script(command: MegatronCommand, settings: MegatronSettings, path: Pat
     `step_time_s`, the layout's predicted seconds per step, sizes the sbatch time limit;
     the torchrun script has none (it runs until torchrun ends).
     """
-    # A one-node torchrun script would leave out the partition, account and setup lines.
-    on_slurm = bool(settings.slurm) or settings.launcher == "slurm"
-    text = (torchrun_script(command, settings, label) if command.nodes == 1 and not on_slurm
-            else sbatch_script(command, settings, label, job_name=path.stem,
-                               step_time_s=step_time_s))
+    text = (sbatch_script(command, settings, label, job_name=path.stem,
+                          step_time_s=step_time_s) if needs_sbatch(command, settings)
+            else torchrun_script(command, settings, label))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     path.chmod(0o755)
