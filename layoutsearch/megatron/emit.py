@@ -231,6 +231,31 @@ def _shell_lines(segments: Sequence[Sequence[str]], width: int) -> list[str]:
     return [f"  {line}" + (" \\" if i < len(lines) - 1 else "") for i, line in enumerate(lines)]
 
 
+def _best_command(ranked: pd.DataFrame) -> tuple[MegatronCommand, MegatronSettings] | None:
+    """The best row's command and the settings it was built with; None where the row has
+    no `megatron_args` (nothing fits, a dry run's rows)."""
+    args = ranked["megatron_args"].iloc[0] if len(ranked) and "megatron_args" in ranked else ""
+    if not isinstance(args, str) or not args:
+        return None
+    settings = resolve_settings(ranked.attrs.get(MEGATRON_SETTINGS))
+    row = {str(k): v for k, v in ranked.iloc[0].items()}
+    command = _command(row, job_of(ranked, "the best layout's command"), settings)
+    return None if command is None else (command, settings)
+
+
+def environment_words(env: Mapping[str, str]) -> list[str]:
+    """`NAME=value` words of a command's environment, quoted for a shell, sorted."""
+    return [f"{name}={shlex.quote(value)}" for name, value in sorted(env.items())]
+
+
+def best_command_environment(ranked: pd.DataFrame) -> list[str]:
+    """The environment the best row's command needs (CUDA_DEVICE_MAX_CONNECTIONS=1 with tp
+    or cp > 1, Transformer Engine's attention switches), as `NAME=value` words; [] where
+    it needs none or the row has no command."""
+    best = _best_command(ranked)
+    return [] if best is None else environment_words(best[0].env)
+
+
 def best_command_lines(ranked: pd.DataFrame, width: int = 88) -> list[str]:
     """The best row's Megatron-LM command as the CLI prints it: on one node, the torchrun
     line of its `emit=megatron` script with the environment the run needs
@@ -239,15 +264,11 @@ def best_command_lines(ranked: pd.DataFrame, width: int = 88) -> list[str]:
     that environment. Built as `megatron_args` and the scripts are (`ranked.attrs`'s job and
     settings); none when the best row has no command (nothing fits, a dry run's rows, a
     frame without `megatron_args`)."""
-    args = ranked["megatron_args"].iloc[0] if len(ranked) and "megatron_args" in ranked else ""
-    if not isinstance(args, str) or not args:
+    best = _best_command(ranked)
+    if best is None:
         return []
-    settings = resolve_settings(ranked.attrs.get(MEGATRON_SETTINGS))
-    row = {str(k): v for k, v in ranked.iloc[0].items()}
-    command = _command(row, job_of(ranked, "the best layout's command"), settings)
-    if command is None:
-        return []
-    env = [f"{name}={shlex.quote(value)}" for name, value in sorted(command.env.items())]
+    command, settings = best
+    env = environment_words(command.env)
     if needs_sbatch(command, settings):
         nodes = f"{command.nodes} node{'s' * (command.nodes != 1)}"
         header = ("best layout's command (pretrain_gpt.py arguments; emit=megatron writes the "

@@ -14,7 +14,7 @@ import pandas as pd
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.megatron import with_megatron_args
-from layoutsearch.megatron.emit import MEGATRON_SETTINGS
+from layoutsearch.megatron.emit import MEGATRON_SETTINGS, best_command_environment
 from layoutsearch.reporting.explain import (
     NO_BREAKDOWN,
     component_name,
@@ -102,7 +102,7 @@ def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
 
 
 def _best_section(best: pd.Series, job: Job, paths: dict[str, Path], command: str,
-                  ) -> list[str]:
+                  environment: Sequence[str] = ()) -> list[str]:
     # A replayed run may have no memory figure (the file's column is optional).
     memory = (f"{best['peak_memory_gib']:.1f} GiB peak memory per GPU"
               if pd.notna(best["peak_memory_gib"]) else "peak memory per GPU not measured")
@@ -114,6 +114,11 @@ def _best_section(best: pd.Series, job: Job, paths: dict[str, Path], command: st
     ]
     if command:
         lines += ["Megatron-LM arguments (`pretrain_gpt.py`):", "", "```", command, "```", ""]
+    if command and environment:
+        # Megatron-LM's validate_args refuses tp or cp > 1 without the first (pre-Blackwell);
+        # emit=megatron's scripts export them all.
+        lines += ["Environment the run needs (emit=megatron's scripts set it):", "", "```",
+                  " ".join(environment), "```", ""]
     parts = sorted(((float(best[c]), c) for c in time_columns(pd.DataFrame([best]))),
                    reverse=True)
     shares = [f"{component_name(c)} {100 * v / best['step_time_s']:.1f} %"
@@ -177,7 +182,9 @@ def write_report(ranked: pd.DataFrame, out_dir: Path, *, top_k: int = TOP_K) -> 
         if not isinstance(command, str) or not command:
             command = with_megatron_args(ranked.head(1), job, ranked.attrs.get(
                 MEGATRON_SETTINGS))["megatron_args"].iloc[0]
-        lines += _best_section(best, job, paths, str(command))
+        environment = (best_command_environment(ranked.head(1).assign(megatron_args=command))
+                       if best.name == ranked.index[0] else [])
+        lines += _best_section(best, job, paths, str(command), environment)
     lines += ["## Every candidate", "",
               f"![MFU against peak memory]({paths[MFU_VS_MEMORY].name})", "",
               f"![best MFU per tp and pp]({paths[TP_PP_HEATMAP].name})", ""]

@@ -245,3 +245,22 @@ def test_layouts_a_replay_never_measured_are_not_said_not_to_fit(tmp_path: Path,
     lines = why_rejected(_replay_of_three_runs(tmp_path, measurement_row, oom))
     assert lines[-1].endswith("; no layout with another value fits — measured: out of "
                               "memory (1 layout); 1 more was not measured")
+
+
+def test_the_best_layouts_arguments_come_with_the_environment_its_run_needs(
+        tmp_path: Path) -> None:
+    # At tp 2 Megatron-LM's validate_args refuses to start without
+    # CUDA_DEVICE_MAX_CONNECTIONS=1 (pre-Blackwell): arguments copied from the report alone
+    # would not run. At tp 1 the environment holds only Transformer Engine's switches.
+    tp2 = layoutsearch.search(model="llama_13b", num_gpus=8, seq_length=2048,
+                              global_batch_size=64, tp=[2], pp=[1])
+    text = layoutsearch.report(tp2, tmp_path / "tp2").read_text()
+    assert ("Environment the run needs (emit=megatron's scripts set it):\n\n```\n"
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 NVTE_FLASH_ATTN=1 NVTE_FUSED_ATTN=0 "
+            "NVTE_UNFUSED_ATTN=0\n```") in text
+    tp1 = layoutsearch.search(model="llama_13b", num_gpus=8, seq_length=2048,
+                              global_batch_size=64, tp=[1], pp=[8], attention="torch",
+                              rmsnorm_kernel=False, sequence_parallel=False)
+    text = layoutsearch.report(tp1, tmp_path / "tp1").read_text()
+    assert ("Environment the run needs (emit=megatron's scripts set it):\n\n```\n"
+            "NVTE_FLASH_ATTN=1 NVTE_FUSED_ATTN=1 NVTE_UNFUSED_ATTN=1\n```") in text
