@@ -845,3 +845,29 @@ def test_a_sample_with_no_fit_says_it_saw_only_part_of_the_space() -> None:
     assert ranked.attrs["message"].startswith(
         "none of the 3 layouts the optuna driver evaluated (of 2240 in the space) fits; raise "
         "its n_trials, or price every layout with driver=grid")
+
+
+class PressesCtrlCWhileFinalized:
+    """SIGINT delivered while `__del__` runs: CPython drops the KeyboardInterrupt there."""
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs here, inside the finalizer
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_a_finalizer_swallowed_still_stops_the_search(counting: CountingModel) -> None:
+    # One Ctrl-C in ten landed in a weakref callback of a search over the default space and
+    # was lost: the search ran on to its n_trials (100,000) as if nothing had been pressed.
+    class SwallowsCtrlC(CountingModel):
+        def score(self, candidates: pd.DataFrame,
+                  clusters: Mapping[str, ClusterSpec]) -> pd.DataFrame:
+            if len(self.priced()) == 2:
+                finalized = PressesCtrlCWhileFinalized()
+                del finalized
+            return super().score(candidates, clusters)
+
+    model = SwallowsCtrlC(counting.log)
+    with pytest.raises(KeyboardInterrupt):
+        OptunaDriver(n_trials=12, progress=False).run(make_problem(model))
+    assert len(model.priced()) == 3  # the trial the press landed in, then no other

@@ -55,6 +55,7 @@ from layoutsearch.drivers.optuna.worker import (
     work,
 )
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
+from layoutsearch.interrupts import noticing_interrupts
 from layoutsearch.problem import SearchProblem
 from layoutsearch.results import rank
 from layoutsearch.specs import ClusterSpec
@@ -252,6 +253,12 @@ class OptunaDriver:
         )
 
     def run(self, problem: SearchProblem) -> pd.DataFrame:
+        # From the study's opening on, a Ctrl-C that a finalizer swallows is raised by the
+        # worker's loop (a spawned worker notices its own; a forked one inherits this).
+        with noticing_interrupts():
+            return self._search(problem)
+
+    def _search(self, problem: SearchProblem) -> pd.DataFrame:
         self._refuse_workers_sharing_gpus(problem)
         verbosity = optuna.logging.get_verbosity()
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress line replaces it

@@ -31,6 +31,7 @@ from layoutsearch.drivers.optuna.storage import (
     open_storage,
 )
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.interrupts import noticing_interrupts, raise_if_interrupted
 from layoutsearch.layout import Layout
 from layoutsearch.lifetime import end_with_parent
 from layoutsearch.problem import SearchProblem
@@ -145,11 +146,12 @@ class Worker:
 
     def run(self) -> None:
         deadline = time.monotonic() + (self.driver.timeout or math.inf)
-        with self.progress:
+        with self.progress, noticing_interrupts():
             earlier = self.driver.results(self.study, self.problem, self.index)
             if len(earlier):  # a resumed study: its best so far, and the count from there
                 self.progress.update(earlier)
             while not self.done() and time.monotonic() < deadline:
+                raise_if_interrupted()
                 if self.budget is not None and not self.budget.take():
                     if not self.others_running():
                         return  # no share can come back: the budget is spent
