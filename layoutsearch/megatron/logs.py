@@ -68,14 +68,20 @@ SETUP_FAILURE = re.compile(
     r"can't open file .*pretrain_gpt\.py|"
     r"No such file or directory: '(?:scontrol|srun|sbatch)'|"
     r"command not found|"
-    r"\w+\.py: error: "
+    r"\w+\.py: error: |"
+    r"fused_weight_gradient_mlp_cuda module is not found"
 )
 """A launch that failed before training in a way every layout would: no torch or Megatron-LM
 for the configured Python, no training script, no Slurm tools where the job ran, a flag the
 training script refuses (Megatron-LM's parse_args is argparse's: "pretrain_gpt.py: error:
 unrecognized arguments: --foo", "... error: argument --bar: invalid int value: 'x'", exit
-status 2). Not a measurement of the layout (the measured cost model stops instead of
-recording it)."""
+status 2), or fused weight-gradient accumulation (on by default) without Apex's CUDA
+extension: the output layer of every GPT model is Megatron-LM's own ColumnParallelLinear,
+which raises "ColumnParallelLinear was called with gradient_accumulation_fusion set to True
+but the custom CUDA extension fused_weight_gradient_mlp_cuda module is not found"
+(megatron/core/tensor_parallel/layers.py) whatever the layout; --no-gradient-accumulation-
+fusion in extra_args is the remedy. Not a measurement of the layout (the measured cost
+model stops instead of recording it)."""
 GENERIC_FAILURE = re.compile(r"Traceback \(most recent call last\)|ChildFailedError")
 """Lines that only say that something went wrong (used when nothing more specific is)."""
 EXCERPT_LINES = 30

@@ -220,6 +220,26 @@ def test_a_launch_that_fails_before_training_for_every_layout_is_a_setup_problem
     assert result.status == "error" and result.setup_problem and result.message == line
 
 
+# megatron/core/tensor_parallel/layers.py (ColumnParallelLinear.__init__), raised while the
+# model is built: every GPT model's output layer is one, whatever the layout.
+NO_APEX = (
+    "[rank0]: RuntimeError: ColumnParallelLinear was called with gradient_accumulation_fusion "
+    "set to True but the custom CUDA extension fused_weight_gradient_mlp_cuda module is not "
+    "found. To use gradient_accumulation_fusion you must install APEX with --cpp_ext and "
+    "--cuda_ext. For example: pip install --global-option=\"--cpp_ext\" --global-option="
+    "\"--cuda_ext .\" Note that the extension requires CUDA>=11. Otherwise, you must turn "
+    "off gradient accumulation fusion."
+)
+
+
+def test_gradient_accumulation_fusion_without_apex_is_a_setup_problem():
+    text = f"building GPT model ...\n[rank0]: Traceback (most recent call last):\n{NO_APEX}\n"
+    result = parse_log(text, returncode=1)
+    assert result.status == "error" and result.setup_problem
+    assert result.message == NO_APEX[:300]
+    assert "fused_weight_gradient_mlp_cuda module is not found" in result.message
+
+
 def test_a_missing_module_after_training_started_is_the_runs_own_error():
     text = CURRENT.splitlines()[1] + "\nModuleNotFoundError: No module named 'torch._dynamo.x'\n"
     result = parse_log(text, returncode=1)
