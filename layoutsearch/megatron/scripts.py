@@ -20,11 +20,11 @@ from layoutsearch.errors import LayoutSearchError
 from layoutsearch.megatron.args import MegatronCommand
 from layoutsearch.megatron.settings import MegatronSettings
 from layoutsearch.megatron.slurm_options import (
-    KILL_ON_BAD_EXIT,
     sbatch_options,
     sbatch_quote,
     sbatch_seconds,
     script_lines,
+    srun_options,
     whole_minutes,
     with_slurm_defaults,
 )
@@ -162,6 +162,7 @@ def sbatch_script(command: MegatronCommand, settings: MegatronSettings, label: s
     }
     directives = [line for name, (setting, value) in options.items()
                   for line in _directive(name, setting, value)]
+    srun = ["srun", "--ntasks-per-node=1", *srun_options(settings.slurm)]
     torchrun = [
         *settings.launch_prefix(),
         "--nproc_per_node", str(command.nproc_per_node),
@@ -183,8 +184,7 @@ def sbatch_script(command: MegatronCommand, settings: MegatronSettings, label: s
         f"MASTER_PORT={settings.master_port}",
         "export MASTER_ADDR MASTER_PORT",
         *_lenient(script_lines(settings.slurm, "setup")),
-        *_then_teardown(f"srun --ntasks-per-node=1 {KILL_ON_BAD_EXIT} {shlex.join(torchrun)} "
-                        f"{rendezvous} {tail}",
+        *_then_teardown(f"{shlex.join(srun)} {shlex.join(torchrun)} {rendezvous} {tail}",
                         _lenient(script_lines(settings.slurm, "teardown"))),
         "",
     ])

@@ -10,7 +10,8 @@ dry run's sbatch scripts, which turn it into `#SBATCH` lines the way submitit do
 - `slurm_additional_parameters`: one option per entry, applied last (as in submitit);
 - `slurm_setup` / `slurm_teardown`: the user's shell lines, run before / after the training;
 - submitit's own mechanics (signal_delay_s, array_parallelism, srun_args, use_srun,
-  stderr_to_stdout) have no sbatch option: a plain script leaves them out;
+  stderr_to_stdout) have no sbatch option: a plain script leaves them out, except
+  `slurm_srun_args`, which its srun line carries as submitit's does (`srun_options`);
 - false leaves an option out. A script without --time gets the partition's default limit;
   submitit always writes a --time, so the Slurm launcher then asks for the trial's own limit
   (`scripts.trial_time_limit_s`), the one the local launcher waits for.
@@ -239,6 +240,12 @@ waiting in NCCL collectives until their timeout (10 minutes by Megatron-LM's
 does not stop them."""
 
 
+def srun_options(slurm: Mapping[str, Any]) -> list[str]:
+    """The options of the srun that starts torchrun on every node, on both Slurm paths:
+    KILL_ON_BAD_EXIT, then the user's `slurm_srun_args` (as submitit places them)."""
+    return [KILL_ON_BAD_EXIT, *(str(arg) for arg in slurm.get("slurm_srun_args") or ())]
+
+
 def with_slurm_defaults(slurm: Mapping[str, Any]) -> dict[str, Any]:
     """The user's Slurm settings over SLURM_DEFAULTS: one policy for scripts and submitit."""
     return {**SLURM_DEFAULTS, **slurm}
@@ -260,9 +267,9 @@ def submitit_parameters(slurm: Mapping[str, Any], *, nodes: int, gpus_per_node: 
         if _bare(key) == "additional_parameters":
             value = {k: v for k, v in value.items() if v is not None and v is not False}
         user[key] = value
-    srun_args = [KILL_ON_BAD_EXIT, *(user.pop("slurm_srun_args", None) or [])]
+    user.pop("slurm_srun_args", None)
     return {
         "nodes": nodes, "tasks_per_node": 1, "gpus_per_node": gpus_per_node,
         "timeout_min": whole_minutes(time_limit_s), "name": name, **user,
-        "slurm_srun_args": srun_args,
+        "slurm_srun_args": srun_options(slurm),
     }

@@ -95,6 +95,19 @@ def _sbatch(slurm: dict | None = None, step_time_s: float | None = None) -> list
     return sbatch_script(command, settings, step_time_s=step_time_s).splitlines()
 
 
+def test_sbatch_srun_carries_the_users_srun_args_as_the_slurm_launcher_does():
+    # Slurm 22.05 and later bind an srun task to --cpus-per-task CPUs (1 unless srun is told),
+    # which torchrun's ranks would share; `slurm_srun_args` is where a user says otherwise.
+    from layoutsearch.megatron.slurm_options import submitit_parameters
+    slurm = {"slurm_srun_args": ["--cpu-bind=none", "--cpus-per-task=96"]}
+    srun = next(line for line in _sbatch(slurm) if line.startswith("srun "))
+    assert srun.startswith("srun --ntasks-per-node=1 --kill-on-bad-exit=1 --cpu-bind=none "
+                           "--cpus-per-task=96 python -m torch.distributed.run ")
+    shape = dict(nodes=16, gpus_per_node=8, time_limit_s=60.0, name="t")
+    assert submitit_parameters(slurm, **shape)["slurm_srun_args"] == [
+        "--kill-on-bad-exit=1", "--cpu-bind=none", "--cpus-per-task=96"]
+
+
 def test_sbatch_boolean_slurm_settings_are_bare_flags_or_left_out():
     lines = _sbatch({"slurm_exclusive": True, "slurm_requeue": False, "slurm_mem": 0,
                      "slurm_partition": None})
@@ -534,6 +547,9 @@ def test_slurm_parameters_are_submitits_and_agree_with_the_sbatch_script(tmp_pat
     assert "module load cuda" in theirs
     srun = next(line for line in theirs if line.startswith("srun "))
     assert "--kill-on-bad-exit=1 --verbose" in srun  # ours, then the user's srun_args
+    ours_srun = next(line for line in sbatch_script(command, settings).splitlines()
+                     if line.startswith("srun "))
+    assert "--kill-on-bad-exit=1 --verbose python" in ours_srun  # the same on both paths
 
 
 def test_slurm_launcher_time_limit_rounds_up_and_the_users_wins(tmp_path):
