@@ -6,9 +6,10 @@ versions): the last rank prints one line per logged iteration,
      [2025-09-05 16:08:25] iteration        2/    2000 | consumed samples:          256 |
      elapsed time per iteration (ms): 11182.0 | throughput per GPU (TFLOP/s/GPU): 128.2 | ...
 
-(older versions: no timestamp, no throughput; the second number is --train-iters, so the
-line of the last iteration says the run trained to its end), and each data-parallel rank 0
-prints once
+(older versions: no timestamp, no throughput; 2026 main: microseconds in the timestamp;
+the second number is --train-iters, so the line of the last iteration says the run trained
+to its end), and each data-parallel rank 0 prints once (2026 main: after iterations 1 and 2,
+to two decimals; older: unrounded, "cached" for "reserved")
 
     [Rank 0] (after 1 iterations) memory (MB) | allocated: 26222.7 | max allocated: 63359.8 |
     reserved: 66802.0 | max reserved: 66802.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -34,6 +35,31 @@ def test_fake_run_of_a_layout_that_does_not_fit_is_an_oom(tmp_path):
                                             log_path=tmp_path / "oom.log"))
     result = parse_log(log.text, returncode=log.returncode)
     assert result.status == "oom" and "torch.OutOfMemoryError" in result.message
+
+
+def test_fake_prints_the_lines_of_current_megatron_lm(tmp_path):
+    # training.py::training_log and utils.py::report_memory of Megatron-LM main (2026): a
+    # timestamp with microseconds, memory to two decimals after iterations 1 and 2.
+    job = Job(model=load_model("llama_7b"), cluster=load_cluster("a100_80gb"), num_gpus=8,
+              seq_length=2048, global_batch_size=64)
+    settings = fake_megatron_settings(tmp_path)
+    command = build_command(Layout(tp=1, dp=8, rmsnorm_kernel=True), job, settings)
+    log = LocalLauncher(settings).run(Trial(name="ok", command=command,
+                                            log_path=tmp_path / "ok.log"))
+    lines = log.text.splitlines()
+    first = next(line for line in lines if " iteration        1/" in line)
+    assert re.match(r" \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}\] iteration        1/"
+                    rf"{settings.train_iters:8d} \| consumed samples:           64 \| "
+                    r"elapsed time per iteration \(ms\): [\d.]+ \| "
+                    r"throughput per GPU \(TFLOP/s/GPU\): [\d.]+ \| learning rate: "
+                    r"1\.000000E-04 \| global batch size:    64 \|", first), first
+    memory = [line for line in lines if "memory (MB)" in line]
+    assert [line.split(" memory")[0] for line in memory] == [
+        "[Rank 0] (after 1 iterations)", "[Rank 0] (after 2 iterations)"]
+    assert all(re.fullmatch(r".*\| allocated: \d+\.\d\d \| max allocated: \d+\.\d\d \| "
+                            r"reserved: \d+\.\d\d \| max reserved: \d+\.\d\d", line)
+               for line in memory), memory
+    assert parse_log(log.text, returncode=log.returncode).status == "ok"
 
 
 def test_a_local_launch_takes_a_checkout_under_home_and_a_program_by_relative_path(

@@ -147,7 +147,8 @@ def main(argv: list[str]) -> None:
         elapsed = step_s * (WARMUP_SLOWDOWN[iteration - 1]
                             if iteration <= len(WARMUP_SLOWDOWN) else 1.0)
         consumed += row["global_batch_size"]
-        stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+        # training.py::training_log (Megatron-LM main, 2026): the timestamp has microseconds.
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
         tflops = megatron_flops / elapsed / world / 1e12
         print(f" [{stamp}] iteration {iteration:8d}/{iters:8d} | consumed samples: "
               f"{consumed:12d} | elapsed time per iteration (ms): {elapsed * 1000:.1f} | "
@@ -155,11 +156,13 @@ def main(argv: list[str]) -> None:
               f"| global batch size: {row['global_batch_size']:5d} | lm loss: 1.100000E+01 | "
               "loss scale: 1.0 | grad norm: 1.000 | number of skipped iterations:   0 | "
               "number of nan iterations:   0 |", flush=True)
-        if iteration == 1:
+        if iteration <= 2:
+            # utils.py::report_memory, after the first iteration and again after the second
+            # (with the optimizer state), by training_log (Megatron-LM main, 2026).
             peak_mb = float(scored["peak_memory_gib"]) * 1024
-            print(f"[Rank 0] (after 1 iterations) memory (MB) | allocated: {peak_mb * 0.6:.1f}"
-                  f" | max allocated: {peak_mb:.1f} | reserved: {peak_mb * 1.05:.1f} | "
-                  f"max reserved: {peak_mb * 1.05:.1f}", flush=True)
+            print(f"[Rank 0] (after {iteration} iterations) memory (MB) | allocated: "
+                  f"{peak_mb * 0.6:.2f} | max allocated: {peak_mb:.2f} | reserved: "
+                  f"{peak_mb * 1.05:.2f} | max reserved: {peak_mb * 1.05:.2f}", flush=True)
         if pause:
             time.sleep(pause)
 
