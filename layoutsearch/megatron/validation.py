@@ -36,6 +36,9 @@ DEPRECATED_FLAGS = {
     "--use-flash-attn": ("warning", "no effect; use --attention-backend flash"),
     # _add_network_size_args: "Deprecated: use --position-embedding-type".
     "--use-rotary-position-embeddings": ("warning", "use --position-embedding-type rope"),
+    # _add_training_args (dest deprecated_use_mcore_models): "Now ignored and mcore models
+    # are the default", as in older example scripts.
+    "--use-mcore-models": ("warning", "ignored; Megatron-Core models are the default"),
 }
 LAYOUT_FREE_RULES = frozenset({"deprecated_flag", "argparse", "precision", "min_lr",
                                "data_source", "logging"})

@@ -327,6 +327,10 @@ def test_deprecated_unknown_and_malformed_flags(argv):
     assert _severities([*argv, "--checkpoint-activations"], ENV) == {("deprecated_flag", "error")}
     assert _severities([*argv, "--batch-size=8"], ENV) == {("deprecated_flag", "error")}
     assert _severities([*argv, "--use-flash-attn"], ENV) == {("deprecated_flag", "warning")}
+    # Ignored by current Megatron-LM (mcore models are the default), not an unknown flag.
+    ignored = validate_argv([*argv, "--use-mcore-models"], env=ENV, world_size=64)
+    assert [str(p) for p in ignored] == ["warning: deprecated_flag: --use-mcore-models: "
+                                         "ignored; Megatron-Core models are the default"]
     # A flag layoutsearch does not emit (a user's extra_args) is passed on, said unchecked.
     unchecked = validate_argv([*argv, "--rotary-percent", "0.5"], env=ENV, world_size=64)
     assert [(p.rule, p.severity) for p in unchecked] == [("unchecked_flag", "warning")]

@@ -62,6 +62,17 @@ def test_fake_prints_the_lines_of_current_megatron_lm(tmp_path):
     assert parse_log(log.text, returncode=log.returncode).status == "ok"
 
 
+def test_fake_accepts_a_flag_current_megatron_lm_ignores(tmp_path):
+    # --use-mcore-models (older example scripts): arguments.py still defines it, ignored.
+    job = Job(model=load_model("llama_7b"), cluster=load_cluster("a100_80gb"), num_gpus=8,
+              seq_length=2048, global_batch_size=64)
+    settings = fake_megatron_settings(tmp_path).replace(extra_args=("--use-mcore-models",))
+    command = build_command(Layout(tp=1, dp=8, rmsnorm_kernel=True), job, settings)
+    log = LocalLauncher(settings).run(Trial(name="mcore", command=command,
+                                            log_path=tmp_path / "mcore.log"))
+    assert parse_log(log.text, returncode=log.returncode).status == "ok", log.text
+
+
 def test_a_local_launch_takes_a_checkout_under_home_and_a_program_by_relative_path(
         tmp_path, monkeypatch):
     # The preflight expanded '~' and found a relative program from this folder, but the

@@ -45,6 +45,7 @@ OTHER_MEGATRON_FLAGS: dict[str, dict[str, Any]] = {
     "--warmup": {"type": int},
     "--use-flash-attn": {"action": "store_true"},
     "--use-rotary-position-embeddings": {"action": "store_true"},
+    "--use-mcore-models": {"action": "store_true", "dest": "deprecated_use_mcore_models"},
 }
 """Megatron-LM flags the fake accepts besides those layoutsearch emits: any other is refused."""
 
