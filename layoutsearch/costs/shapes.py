@@ -231,10 +231,6 @@ class Shapes:
         """A number per row looked up by its attention kernel (e.g. bytes per score)."""
         return np.array([values[k] for k in ATTENTION_KERNELS])[self.attention]
 
-    def per_recompute(self, values: Mapping[str, float]) -> Array:
-        """A number per row looked up by its checkpointing granularity."""
-        return np.array([values[k] for k in RECOMPUTE_KINDS])[self.recompute]
-
     def is_attention(self, *kernels: str) -> Array:
         return np.isin(self.attention, [ATTENTION_KERNELS.index(k) for k in kernels])
 

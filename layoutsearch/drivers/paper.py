@@ -24,7 +24,6 @@ from typing import Any
 import pandas as pd
 
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.layout import Layout
 from layoutsearch.problem import SearchProblem
 from layoutsearch.progress import Progress
 from layoutsearch.specs import Job
@@ -263,8 +262,3 @@ class PaperDriver:
                 "driver=grid")
         return choice.frame()
 
-
-def paper_layout(choice: PaperChoice) -> Layout | None:
-    """The chosen layout as a `Layout` (None when nothing fits)."""
-    row = choice.row
-    return None if row is None else Layout.from_row({str(k): v for k, v in row.items()})

@@ -105,7 +105,7 @@ def _clock(seconds: float) -> str:
     return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
 
 
-def _directive(name: str, setting: str, value: Any) -> list[str]:
+def _directive(name: str, value: Any) -> list[str]:
     """One `#SBATCH` line: True is a bare flag (--exclusive); False leaves the option out."""
     if value is True:
         return [f"#SBATCH --{name}"]
@@ -129,9 +129,9 @@ def _time_warning(setting: str, value: Any, limit_s: float | None,
 
 
 def _time_limit(user: Mapping[str, tuple[str, Any]], settings: MegatronSettings,
-                step_time_s: float | None) -> tuple[str, Any, list[str]]:
-    """The --time line's setting and value, and a warning when the user's is short: a time
-    in `slurm` wins, then an explicit `timeout_s`, then the automatic limit."""
+                step_time_s: float | None) -> tuple[Any, list[str]]:
+    """The --time line's value, and a warning naming the user's setting when it is short: a
+    time in `slurm` wins, then an explicit `timeout_s`, then the automatic limit."""
     if "time" in user:
         setting, value = user["time"]
         # False: no --time line, the partition's default limit applies.
@@ -139,7 +139,7 @@ def _time_limit(user: Mapping[str, tuple[str, Any]], settings: MegatronSettings,
     else:
         setting, value = "timeout_s", _clock(trial_time_limit_s(settings, step_time_s))
         limit_s = settings.timeout_s
-    return setting, value, _time_warning(setting, value, limit_s, settings, step_time_s)
+    return value, _time_warning(setting, value, limit_s, settings, step_time_s)
 
 
 def sbatch_script(command: MegatronCommand, settings: MegatronSettings, label: str = "",
@@ -151,17 +151,16 @@ def sbatch_script(command: MegatronCommand, settings: MegatronSettings, label: s
     before torchrun, `slurm_teardown` lines after it.
     """
     user = sbatch_options(with_slurm_defaults(settings.slurm))
-    time_setting, time_value, warning = _time_limit(user, settings, step_time_s)
-    options: dict[str, tuple[str, Any]] = {
-        "job-name": ("job_name", job_name),
-        "nodes": ("nodes", str(command.nodes)),
-        "ntasks-per-node": ("ntasks_per_node", "1"),
-        "gpus-per-node": ("gpus_per_node", str(command.nproc_per_node)),
-        "time": (time_setting, time_value),  # the user's own, when `user` has one
-        **user,
+    time_value, warning = _time_limit(user, settings, step_time_s)
+    options: dict[str, Any] = {
+        "job-name": job_name,
+        "nodes": str(command.nodes),
+        "ntasks-per-node": "1",
+        "gpus-per-node": str(command.nproc_per_node),
+        "time": time_value,  # the user's own, when `user` has one
+        **{name: value for name, (_, value) in user.items()},
     }
-    directives = [line for name, (setting, value) in options.items()
-                  for line in _directive(name, setting, value)]
+    directives = [line for name, value in options.items() for line in _directive(name, value)]
     srun = ["srun", "--ntasks-per-node=1", *srun_options(settings.slurm)]
     torchrun = [
         *settings.launch_prefix(),
