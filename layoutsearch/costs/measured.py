@@ -11,14 +11,9 @@ in the file is never launched again. With a `prescreen` model (the analytic one)
 
 from __future__ import annotations
 
-import contextlib
-import csv
 import hashlib
-import math
-import os
 import re
-import sys
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +21,14 @@ import numpy as np
 import pandas as pd
 
 from layoutsearch.costs.base import MEASURED_FAILURE, CostModel, cost_model_fingerprint
+from layoutsearch.costs.measurement_file import MeasurementFile, measurement_key, plain_value
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import (
     JOB_KEY,
     MEASUREMENT_KEY,
     OPTIONAL_DEFAULTS,
-    OPTIONAL_FIGURES,
     REQUIRED_COLUMNS,
-    is_parquet,
-    parse_csv,
-    read_table,
-    validate_measurements,
 )
 from layoutsearch.megatron.args import (
     FLASH_KERNELS,
@@ -54,37 +45,11 @@ from layoutsearch.paths import unwritable_file
 from layoutsearch.progress import say
 from layoutsearch.specs import ClusterSpec
 
-if sys.platform != "win32":  # where there is no flock, `import layoutsearch` still works
-    import fcntl
-
-FILE_COLUMNS = (
-    *REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS, *OPTIONAL_FIGURES, "source", "message", "log_path",
-)
-"""Columns of the rows the model appends (schema-required first, then optional ones): every
-column of MEASUREMENT_KEY, so a row read back matches the layout it measured. Not the
-optional recompute_method and recompute_num_layers: its full recompute is always uniform
-with one layer a checkpoint (megatron/args.py), which their empty cells read as."""
-
-
 RETRIABLE = ("error", "timeout", "oom", "unavailable")
 """Statuses a measured search may be told to launch again (`retry`)."""
 RETRY_HINTED = ("error", "timeout")
 """Failures that may be passing (a crashed node, an NCCL flake, too short a time limit): their
 reason says how to launch them again."""
-
-
-def _plain(value: Any) -> Any:
-    value = value.item() if hasattr(value, "item") else value
-    if isinstance(value, bool | np.bool_):
-        return bool(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value if isinstance(value, int | str) else str(value)
-
-
-def measurement_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The identity of a run: job shape and layout, types normalized (CSV or table)."""
-    return tuple(_plain(row[c]) for c in MEASUREMENT_KEY)
 
 
 def _trial_name(row: Mapping[str, Any]) -> str:
@@ -97,130 +62,6 @@ def _trial_name(row: Mapping[str, Any]) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
 
 
-class MeasurementFile:
-    """A measurement file (CSV, or Parquet by its suffix) that rows are appended to, one at
-    a time, durably. A user's own file is kept as it is: a row is never glued onto a last
-    line without a newline, and a file lacking some of the model's columns gets them (old
-    rows take the schema's defaults), so that no figure of a new row is dropped."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-
-    def load(self) -> dict[tuple[Any, ...], dict[str, Any]]:
-        """Rows already measured, by measurement key (the last of repeated rows wins)."""
-        if not self.path.is_file() or self.path.stat().st_size == 0:
-            return {}
-        rows = validate_measurements(read_table(self.path), source=str(self.path))
-        records = [{str(k): v for k, v in r.items()} for r in rows.to_dict("records")]
-        return {measurement_key(r): r for r in records}
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """Hold an exclusive lock beside the file: local optuna workers and concurrent
-        sweeps append to one file, and a Parquet append rewrites it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if sys.platform == "win32":  # unlocked: no flock, and no local workers fork there
-            yield
-            return
-        descriptor = self._lock_descriptor()
-        if descriptor is not None:
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX)
-            except OSError:  # a folder on NFS takes no exclusive flock: append unlocked
-                os.close(descriptor)
-                descriptor = None
-        try:
-            yield
-        finally:
-            if descriptor is not None:
-                os.close(descriptor)  # releases the lock
-
-    def _lock_descriptor(self) -> int | None:
-        """What to flock: `.NAME.lock` beside the file; where the folder takes no new file
-        (a writable measurement file in a read-only folder, which appends alone still
-        work in), the folder itself; None where neither can be opened."""
-        try:
-            return os.open(self.path.with_name(f".{self.path.name}.lock"),
-                           os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
-        except OSError:
-            pass
-        try:
-            return os.open(self.path.parent, os.O_RDONLY)
-        except OSError:
-            return None
-
-    def append(self, row: Mapping[str, Any]) -> None:
-        with self._locked():
-            self._append(row)
-
-    def _append(self, row: Mapping[str, Any]) -> None:
-        empty = not self.path.is_file() or self.path.stat().st_size == 0
-        if is_parquet(self.path):
-            self._append_parquet(row, empty)
-            return
-        values = {k: ("" if isinstance(v, float) and math.isnan(v) else v)
-                  for k, v in row.items()}
-        if empty:
-            fields = list(FILE_COLUMNS)
-        else:
-            # The header as the readers see it (spaces after commas and a byte-order mark
-            # dropped), so that each value goes under the column that is read back.
-            fields = list(map(str, parse_csv(self.path, nrows=0).columns))
-            missing = [c for c in FILE_COLUMNS if c not in fields and c in values]
-            if missing:
-                fields = self._add_csv_columns(missing)
-        with self.path.open("a", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore",
-                                    lineterminator="\n")
-            if empty:
-                writer.writeheader()
-            elif not self._ends_with_newline():
-                handle.write("\n")
-            writer.writerow(values)
-            _sync(handle)
-
-    def _ends_with_newline(self) -> bool:
-        with self.path.open("rb") as handle:
-            handle.seek(-1, os.SEEK_END)
-            return handle.read(1) in (b"\n", b"\r")
-
-    def _add_csv_columns(self, missing: list[str]) -> list[str]:
-        """Rewrite the CSV with `missing` columns added (old rows: the schema's default of
-        an optional column, else empty), its cells kept as written and a row that leaves
-        out trailing empty cells filled by name; atomically, so a kill leaves either file
-        whole. The new header."""
-        table = parse_csv(self.path, dtype=str, keep_default_na=False)
-        for column in missing:
-            table[column] = str(OPTIONAL_DEFAULTS.get(column, ""))
-        self._replace(lambda handle: table.to_csv(handle, index=False, lineterminator="\n"))
-        # The user's file changed shape: say so (a dataset of their own, named by mistake).
-        _tell(f"measurements: added column(s) {', '.join(missing)} to {self.path} for the "
-              f"runs measured now; its {len(table)} earlier rows are kept as written")
-        return list(map(str, table.columns))
-
-    def _append_parquet(self, row: Mapping[str, Any], empty: bool) -> None:
-        """Parquet cannot be appended to: the table is written again with the new row."""
-        new = pd.DataFrame([dict(row)], columns=list(dict.fromkeys([*FILE_COLUMNS, *row])))
-        table = new if empty else pd.concat([read_table(self.path), new], ignore_index=True)
-        for column, default in OPTIONAL_DEFAULTS.items():
-            table[column] = table[column].fillna(default)
-        self._replace(lambda handle: table.to_parquet(handle, index=False), binary=True)
-
-    def _replace(self, write: Callable[[Any], None], binary: bool = False) -> None:
-        """The file written anew by `write(handle)` into a temporary beside it, then moved
-        over it: a kill midway leaves the old file whole."""
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with temporary.open("wb" if binary else "w", newline=None if binary else "") as handle:
-            write(handle)
-            _sync(handle)
-        os.replace(temporary, self.path)
-
-
-def _sync(handle: Any) -> None:
-    handle.flush()
-    os.fsync(handle.fileno())  # a SIGKILL right after must not lose the row
-
-
 def _result_row(row: Mapping[str, Any], result: LogResult, clusters: Mapping[str, ClusterSpec],
                 launcher: str, log_path: Path) -> dict[str, Any]:
     job = job_of_row(row, clusters)
@@ -231,8 +72,8 @@ def _result_row(row: Mapping[str, Any], result: LogResult, clusters: Mapping[str
     peak = job.num_gpus * job.cluster.gpu.peak_tflops * 1e12
     mfu = tokens_per_s * job.model.paper_flops_per_token(job.seq_length) / peak if ok \
         else float("nan")
-    out = {c: _plain(row[c]) for c in (*REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS) if c in row}
-    out.update({c: _plain(row[c]) for c in LAYOUT_COLUMNS})
+    out = {c: plain_value(row[c]) for c in (*REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS) if c in row}
+    out.update({c: plain_value(row[c]) for c in LAYOUT_COLUMNS})
     out.update(
         model=row["model"], gpus_per_node=job.cluster.gpus_per_node, status=result.status,
         step_time_s=result.step_time_s if ok else float("nan"), mfu=mfu,
@@ -397,8 +238,10 @@ class MeasuredCostModel:
                           gpus_per_node=command.gpus_per_node,
                           flash_kernel=attention if attention in FLASH_KERNELS else "flash2")
         asked = {**row, "sequence_parallel": bool(row["sequence_parallel"]) and row["tp"] > 1}
-        return [f"{column} {_plain(ran[column])!r}, not {_plain(asked[column])!r}"
-                for column in MEASUREMENT_KEY if _plain(ran[column]) != _plain(asked[column])]
+        differ = [column for column in MEASUREMENT_KEY
+                  if plain_value(ran[column]) != plain_value(asked[column])]
+        return [f"{column} {plain_value(ran[column])!r}, not {plain_value(asked[column])!r}"
+                for column in differ]
 
     def _selection(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
                    reasons: pd.Series, known: Mapping[tuple[Any, ...], Mapping[str, Any]],

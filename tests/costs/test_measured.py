@@ -17,7 +17,8 @@ import pytest
 
 import layoutsearch
 from layoutsearch.costs import build_cost_model
-from layoutsearch.costs.measured import MeasuredCostModel, MeasurementFile
+from layoutsearch.costs.measured import MeasuredCostModel
+from layoutsearch.costs.measurement_file import MeasurementFile
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import OPTIONAL_DEFAULTS, read_measurements
 from layoutsearch.megatron import parse_log
