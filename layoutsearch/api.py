@@ -169,21 +169,8 @@ def search(
     if message and len(scripts):
         # Nothing fits because nothing ran: the scripts are the answer, not a failure.
         message = ""
-        # The local launcher runs one node (LocalLauncher.preflight refuses more).
-        launchers = ("cost_models.launcher=local or slurm"
-                     if job.num_gpus <= job.cluster.gpus_per_node else
-                     f"cost_models.launcher=slurm (local runs one node; this job needs "
-                     f"{job.num_gpus} GPUs, {job.cluster.gpus_per_node} a node)")
-        paths = [reason.removeprefix(DRY_RUN_REASON) for reason in scripts]
-        named = ", ".join(paths[:DRY_RUN_SCRIPTS_NAMED])
-        if len(paths) > DRY_RUN_SCRIPTS_NAMED:
-            # Path: scripts in the folder the command ran in (log_dir: .) share "", not ".".
-            named += (f" and {len(paths) - DRY_RUN_SCRIPTS_NAMED} more in "
-                      f"{Path(os.path.commonpath(paths))} (each row's reason names its own)")
-        ranked.attrs["dry_run_note"] = (
-            f"dry run: wrote {_count(len(scripts), 'launch script')} and measured nothing "
-            f"(rows 0-{len(scripts) - 1}): {named}. Measure them with {launchers}; the runs "
-            "land in the measurement file and a search reads them back.")
+        ranked.attrs["dry_run_note"] = _dry_run_note(
+            [reason.removeprefix(DRY_RUN_REASON) for reason in scripts], job)
     if message and len(ranked) < len(problem.candidates):
         # A sampling driver saw part of the space: what it saw says nothing of the rest.
         more = "raise its n_trials, or " if hasattr(searcher, "n_trials") else ""
@@ -249,6 +236,24 @@ def _fits(problem: SearchProblem) -> Callable[[pd.DataFrame], pd.Series] | None:
         layouts["rule_reason"] = violations(layouts, problem.clusters)
         return problem.evaluate(layouts)["fits"]
     return fits
+
+
+def _dry_run_note(paths: list[str], job: Job) -> str:
+    """What a dry run that measured nothing wrote (the launch scripts at `paths`, which are
+    rows 0.. of the ranking) and how to measure them."""
+    # The local launcher runs one node (LocalLauncher.preflight refuses more).
+    launchers = ("cost_models.launcher=local or slurm"
+                 if job.num_gpus <= job.cluster.gpus_per_node else
+                 f"cost_models.launcher=slurm (local runs one node; this job needs "
+                 f"{job.num_gpus} GPUs, {job.cluster.gpus_per_node} a node)")
+    named = ", ".join(paths[:DRY_RUN_SCRIPTS_NAMED])
+    if len(paths) > DRY_RUN_SCRIPTS_NAMED:
+        # Path: scripts in the folder the command ran in (log_dir: .) share "", not ".".
+        named += (f" and {len(paths) - DRY_RUN_SCRIPTS_NAMED} more in "
+                  f"{Path(os.path.commonpath(paths))} (each row's reason names its own)")
+    return (f"dry run: wrote {_count(len(paths), 'launch script')} and measured nothing "
+            f"(rows 0-{len(paths) - 1}): {named}. Measure them with {launchers}; the runs "
+            "land in the measurement file and a search reads them back.")
 
 
 def _count(n: int, noun: str) -> str:
