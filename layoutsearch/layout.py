@@ -12,7 +12,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # a table row; layout.py itself needs no pandas
+    import pandas as pd
 
 ATTENTION_KERNELS = ("torch", "fused", "flash1", "flash2", "flash3")
 """`torch`: unfused PyTorch softmax attention; `fused`: Megatron's fused scale-mask-softmax
@@ -98,8 +101,9 @@ class Layout:
         return {name: getattr(self, name) for name in LAYOUT_COLUMNS}
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Layout:
-        """The layout of a table row; columns the row lacks keep their defaults."""
+    def from_row(cls, row: Mapping[str, Any] | pd.Series) -> Layout:
+        """The layout of a table row (a frame's row or a mapping); columns the row lacks keep
+        their defaults."""
         fields = {f.name: f.type for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {}
         for name in fields:

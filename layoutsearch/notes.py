@@ -72,7 +72,7 @@ def headroom_note(ranked: pd.DataFrame) -> str:
                     "fits leaves that much for its kernel; driver=grid prices every layout.")
         return f"{note} No layout that fits leaves that much for its kernel."
     safer = roomy.iloc[0]
-    layout = Layout.from_row({str(k): v for k, v in safer.items()}).describe()
+    layout = Layout.from_row(safer).describe()
     gap = 100 * (best["mfu"] - safer["mfu"])
     among = " this driver priced" if sample else ""
     return (f"{note} The best{among} with that much free for its kernel: {layout}, MFU "
@@ -90,7 +90,7 @@ def rejected_commands_note(ranked: pd.DataFrame) -> str:
     if rejected.empty:
         return ""
     best = rejected.iloc[int(np.nanargmax(rejected["mfu"].to_numpy(dtype=float)))]
-    layout = Layout.from_row({str(k): v for k, v in best.items()}).describe()
+    layout = Layout.from_row(best).describe()
     gap = 100 * (float(best["mfu"]) - float(ranked["mfu"].iloc[0]))
     count = "1 layout" if len(rejected) == 1 else f"{len(rejected)} layouts"
     why = rule_summary(rejected["reason"].str.removeprefix(COMMAND_REJECTED), of=len(ranked))
@@ -115,7 +115,7 @@ def failed_launches_note(ranked: pd.DataFrame) -> str:
     failed = ranked[ranked["reason"].str.startswith(MEASURED_FAILURE)]
     if failed.empty:
         return ""
-    named = [f"row {i} {Layout.from_row({str(k): v for k, v in row.items()}).describe()} "
+    named = [f"row {i} {Layout.from_row(row).describe()} "
              f"({row['measured_status']})"
              for i, row in failed.head(FAILED_LAUNCHES_NAMED).iterrows()]
     more = len(failed) - len(named)
@@ -225,7 +225,7 @@ def batch_note(ranked: pd.DataFrame, job: Job,
     if fitting.empty or int(fitting["dp"].iloc[0]) <= cap:
         return ""
     best = fitting.iloc[0]
-    layout = Layout.from_row({str(k): v for k, v in best.items()}).describe()
+    layout = Layout.from_row(best).describe()
     return (f"global_batch_size={job.global_batch_size} caps data parallelism at dp={cap}: "
             f"dp must divide the global batch and the {job.num_gpus} GPUs, and {cap} is the "
             f"largest that divides both. The best layout sits at that cap, so the rest of the "

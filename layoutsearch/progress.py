@@ -75,7 +75,7 @@ class Progress:
             top = feasible.iloc[int(feasible["mfu"].to_numpy().argmax())]
             if self.best_mfu is None or float(top["mfu"]) > self.best_mfu:
                 self.best_mfu = float(top["mfu"])
-                self.best_layout = Layout.from_row({str(k): v for k, v in top.items()}).describe()
+                self.best_layout = Layout.from_row(top).describe()
         self.paint(force=False)
 
     def line(self) -> str:

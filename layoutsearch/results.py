@@ -58,7 +58,7 @@ def notes_key(ranked: pd.DataFrame) -> tuple[int, str]:
     this key, so a report can tell notes about another table from its own."""
     if ranked.empty:
         return (0, "")
-    return (len(ranked), Layout.from_row({str(k): v for k, v in ranked.iloc[0].items()}).describe())
+    return (len(ranked), Layout.from_row(ranked.iloc[0]).describe())
 
 
 GROUPED_FROM = 10_000

@@ -80,12 +80,8 @@ def component_name(column: str) -> str:
     return TIME_NAMES.get(core, core.replace("_", " "))
 
 
-def layout_of(row: pd.Series) -> Layout:
-    return Layout.from_row({str(k): v for k, v in row.items()})
-
-
 def label(row: pd.Series) -> str:
-    return layout_of(row).describe()
+    return Layout.from_row(row).describe()
 
 
 NO_BREAKDOWN = "this cost model gives no time breakdown to say why"

@@ -289,7 +289,7 @@ class Worker:
         if unpriced:
             # Stored as not fitting, every such layout would look alike to the sampler: a
             # random search, and no Pareto front, that says nothing of why.
-            layout = Layout.from_row({str(k): v for k, v in row.items()}).describe()
+            layout = Layout.from_row(row).describe()
             raise LayoutSearchError(
                 f"driver.objectives={list(self.driver.objectives)}: the cost model gives no "
                 f"{unpriced[0]} for {layout}, which it finds to fit (a replay of runs without "
