@@ -10,11 +10,8 @@ columns get their documented defaults; unknown columns are kept.
 
 from __future__ import annotations
 
-import base64
-import csv
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -23,6 +20,17 @@ from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.errors import LayoutSearchError, closest_names, unknown_name_message
 from layoutsearch.layout import ATTENTION_KERNELS, LAYOUT_COLUMNS, RECOMPUTE_KINDS
 from layoutsearch.specs import LARGEST_SIZE, NORMALIZATIONS, ClusterSpec
+from layoutsearch.table_files import (
+    LINE_NUMBERS,
+    is_parquet,
+    keep_lines,
+    parse_csv,
+    record_lines,
+    refuse_repeated_columns,
+    row_lines,
+    row_names,
+    undecodable,
+)
 
 INTEGER_COLUMNS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -91,40 +99,6 @@ def _fail(source: str, row: str, column: str, message: str) -> LayoutSearchError
     return LayoutSearchError(f"{source}: {row}, column {column!r}: {message}")
 
 
-LINE_NUMBERS = "line_numbers"
-"""The `attrs` key under which read_table keeps the line each data row of a CSV file starts
-on, by index label (the n rows are labelled 0..n-1 as read), so that an error names the line a
-text editor shows, also after the frame is filtered or sorted."""
-
-
-def _keep_lines(frame: pd.DataFrame, lines: Sequence[int] | np.ndarray) -> None:
-    # pandas deep-copies `attrs` into every frame and column it derives (a column read, a
-    # filter): as one string they are copied for nothing, pd.concat compares them safely,
-    # and DataFrame.to_parquet, which writes `attrs` as JSON, can write them (as base64).
-    frame.attrs[LINE_NUMBERS] = base64.b64encode(
-        np.asarray(lines, dtype=np.int64).tobytes()).decode("ascii")
-
-
-def _row_lines(frame: pd.DataFrame) -> np.ndarray | None:
-    """The line each row of `frame` came from, in row order; None unless every row has one."""
-    lines = np.frombuffer(base64.b64decode(frame.attrs.get(LINE_NUMBERS, "")), dtype=np.int64)
-    labels = frame.index
-    if not pd.api.types.is_integer_dtype(labels) or not len(lines):
-        return None
-    if len(labels) and (labels.min() < 0 or labels.max() >= len(lines)):
-        return None
-    return lines[labels.to_numpy()]
-
-
-def row_names(frame: pd.DataFrame) -> list[str]:
-    """How an error names each row: its line in the CSV file it was read from ("line 7"),
-    else its label in the frame's index ("index 5"), which `frame.loc` finds."""
-    lines = _row_lines(frame)
-    if lines is not None:
-        return [f"line {n}" for n in lines]
-    return [f"index {label!r}" for label in frame.index]
-
-
 def as_bool(frame: pd.DataFrame, column: str, source: str,
             rows: Sequence[str] | None = None) -> pd.Series:
     """A boolean column from True/False, true/false, 1/0, yes/no; names a bad cell by
@@ -179,7 +153,7 @@ def validate_measurements(
     """
     if isinstance(gpus, str):
         gpus = [gpus]
-    _refuse_repeated_columns(source, frame.columns)
+    refuse_repeated_columns(source, frame.columns)
     unrun = planned and "status" not in frame.columns
     if unrun:
         frame = frame.assign(status=PLANNED, step_time_s=np.nan, mfu=np.nan)
@@ -229,11 +203,11 @@ def validate_measurements(
     check_units(out, clusters, source, names=rows)
     # The copy is numbered 0..n-1: each row keeps the line it came from under its new label,
     # so that a later check of a filtered frame (calibration) still names the file's line.
-    lines = _row_lines(frame)
+    lines = row_lines(frame)
     if lines is None:
         out.attrs.pop(LINE_NUMBERS, None)
     else:
-        _keep_lines(out, lines)
+        keep_lines(out, lines)
     return out
 
 
@@ -253,20 +227,6 @@ FULL_RECOMPUTE_OTHERS = {
 """What a row under another value of each FULL_RECOMPUTE column ran, for its refusal."""
 READ_COLUMNS = (*REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS, *FULL_RECOMPUTE, *OPTIONAL_FIGURES)
 """The columns layoutsearch reads a value from; others are kept as they are."""
-
-
-def _refuse_repeated_columns(source: str, names: Collection[object],
-                             among: Collection[str] | None = None) -> None:
-    """Refuse a column named twice (of those `among`, default all): which of the two would
-    be the row's value? Neither can be taken on trust. Unnamed columns (a spreadsheet's
-    trailing empty ones) are left be."""
-    named = [str(name) for name in names if str(name).strip()]
-    repeated = sorted({name for name in named if named.count(name) > 1
-                       and (among is None or name in among)})
-    if repeated:
-        raise LayoutSearchError(
-            f"{source}: column(s) {', '.join(map(repr, repeated))} appear more than once; "
-            "keep one of each (a measurement row has one value per column)")
 
 
 def _first(mask: pd.Series | np.ndarray) -> int:
@@ -398,30 +358,6 @@ def check_units(rows: pd.DataFrame, clusters: Mapping[str, ClusterSpec], source:
             "peak?")
 
 
-OTHER_DELIMITERS = {";": "semicolons", "\t": "tabs", "|": "vertical bars"}
-"""Separators a spreadsheet may write instead of commas (Excel in locales with decimal
-commas writes semicolons), each found in a header that parses as a single column."""
-
-
-PARQUET_SUFFIXES = (".parquet", ".pq")
-"""File name endings read and written as Parquet; any other measurement file is CSV."""
-
-
-def parse_csv(path: Path, **options: Any) -> pd.DataFrame:
-    """A CSV file parsed as every reader of measurement files parses it (pandas drops a UTF-8
-    byte-order mark and skips blank lines): a header or cell written "a, b", a space after
-    each comma, reads as "b", not " b", which would name no column of the schema.
-
-    index_col=False: a file whose data lines end with a comma (one empty cell more than the
-    header) would otherwise have its first column taken as the index and every other value
-    shifted one column left; read_table refuses a line whose extra cells are not empty."""
-    return pd.read_csv(path, skipinitialspace=True, index_col=False, **options)
-
-
-def is_parquet(path: str | Path) -> bool:
-    return Path(path).suffix.lower() in PARQUET_SUFFIXES
-
-
 def read_table(path: str | Path) -> pd.DataFrame:
     """A measurement file as it is, unvalidated (CSV, or Parquet by its suffix)."""
     path = Path(path)
@@ -439,7 +375,8 @@ def read_table(path: str | Path) -> pd.DataFrame:
             "measurement table: name a CSV or Parquet file of runs (docs/measurements.md); "
             "cost-model constants go to cost_model=, Megatron-LM settings to megatron=")
     parquet = is_parquet(path)
-    lines = [] if parquet else _record_lines(path)  # refuses a line longer than the header
+    # Refuses a line longer than the header, or a column of the schema named twice.
+    lines = [] if parquet else record_lines(path, READ_COLUMNS)
     try:
         # low_memory=False: types from the whole column, not per chunk of a long file.
         table = pd.read_parquet(path) if parquet else parse_csv(
@@ -453,7 +390,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
         # Its position counts from the chunk pandas was decoding, not from the file.
         raise LayoutSearchError(
             f"measurement file {str(path)!r} is not UTF-8 text: "
-            f"{_undecodable(path) or error.reason}; save it as UTF-8 (a spreadsheet's "
+            f"{undecodable(path) or error.reason}; save it as UTF-8 (a spreadsheet's "
             "'CSV UTF-8' format)") from None
     except (pd.errors.ParserError, ValueError, OSError) as error:
         # pyarrow's ArrowInvalid is a ValueError; a truncated Parquet file is an OSError.
@@ -466,70 +403,8 @@ def read_table(path: str | Path) -> pd.DataFrame:
     # file it was read from, which are not this file's rows.
     table.attrs.pop(LINE_NUMBERS, None)
     if len(lines) == len(table):  # else (Parquet) the rows are named by position, as read
-        _keep_lines(table, lines)
+        keep_lines(table, lines)
     return table
-
-
-def _undecodable(path: Path) -> str:
-    """Where `path` is first not UTF-8, by its line as an editor numbers it ("line 7 has
-    b'\\xe9', invalid continuation byte"); "" where every line decodes."""
-    with path.open("rb") as file:
-        for number, line in enumerate(file, start=1):
-            try:
-                line.decode("utf-8")
-            except UnicodeDecodeError as error:
-                return f"line {number} has {line[error.start:error.end]!r}, {error.reason}"
-    return ""
-
-
-def _record_lines(path: Path) -> list[int]:
-    """The line each data record of a CSV file starts on, read as pandas reads it: blank
-    lines are skipped and a quoted cell may span lines, so the line is not the position + 2.
-
-    A record with more cells than the header is refused, naming its line, unless the extra
-    cells are empty (a comma ending the line): pandas would drop them, or shift the columns."""
-    starts: list[int] = []
-    header: list[str] | None = None
-    with path.open(newline="", encoding="utf-8", errors="replace") as file:
-        reader = csv.reader(file, skipinitialspace=True)
-        end = 0
-        try:
-            for record in reader:
-                if len(record) > 1 or (record and record[0].strip()):
-                    if header is None:
-                        header = record
-                        _refuse_other_delimiters(path, header)
-                        # pandas would read a repeated name as 'tp.1', an unknown column
-                        # kept, and take the first 'tp' as the row's value; a repeated
-                        # column of the user's own ('comment', 'comment.1') is kept.
-                        _refuse_repeated_columns(str(path), header, READ_COLUMNS)
-                    else:
-                        starts.append(end + 1)
-                        _refuse_extra_cells(path, end + 1, header, record)
-                end = reader.line_num
-        except csv.Error as error:  # e.g. a cell over the csv module's 128 KiB field limit
-            raise LayoutSearchError(f"measurement file {str(path)!r} cannot be read as CSV "
-                                    f"(line {end + 1}: {error})") from None
-    return starts
-
-
-def _refuse_other_delimiters(path: Path, header: list[str]) -> None:
-    other = next((name for mark, name in OTHER_DELIMITERS.items() if mark in header[0]), None)
-    if len(header) == 1 and other:
-        raise LayoutSearchError(
-            f"measurement file {str(path)!r} is separated by {other}, not commas (its "
-            f"header reads {header[0][:60]!r}...): save it as comma-separated CSV with "
-            "decimal points (pandas: to_csv(path, index=False))")
-
-
-def _refuse_extra_cells(path: Path, line: int, header: list[str], record: list[str]) -> None:
-    extra = [cell for cell in record[len(header):] if cell.strip()]
-    if extra:
-        raise LayoutSearchError(
-            f"measurement file {str(path)!r}: line {line} has {len(record)} cells, the "
-            f"header has {len(header)} (after its last column {header[-1]!r} the line "
-            f"holds {', '.join(map(repr, extra[:3]))}): a cell has an unquoted comma or the "
-            "header lacks a column; quote the cell or name the column")
 
 
 def read_measurements(path: str | Path,

@@ -31,9 +31,10 @@ from layoutsearch.fidelity import (
     fidelity,
     spearman_change_interval,
 )
-from layoutsearch.measurements import check_units, row_names
+from layoutsearch.measurements import check_units
 from layoutsearch.rules import violations
 from layoutsearch.specs import ClusterSpec
+from layoutsearch.table_files import row_names
 
 MEMORY_CONSTANTS = ("gradient_bytes", "logits_sharded_by_tp", "activation_memory_factor",
                     "logit_bytes", "memory_overhead_gib")

@@ -28,12 +28,11 @@ from layoutsearch.measurements import (
     OPTIONAL_DEFAULTS,
     OPTIONAL_FIGURES,
     REQUIRED_COLUMNS,
-    is_parquet,
-    parse_csv,
     read_table,
     validate_measurements,
 )
 from layoutsearch.progress import say
+from layoutsearch.table_files import is_parquet, parse_csv
 
 if sys.platform != "win32":  # where there is no flock, `import layoutsearch` still works
     import fcntl
