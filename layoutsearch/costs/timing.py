@@ -183,9 +183,14 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     # Context parallelism passes each rank's K and V chunk around a ring (cp-1 steps) forward,
     # and K, V and their gradients backward; the transfers overlap the attention kernels
     # (Megatron/Transformer Engine ring attention), so only the excess is exposed.
+    # Each step is a point-to-point send to the next CP rank, not a collective (Transformer
+    # Engine's AttnFuncWithCPAndKVP2P: send_dst = cp_global_ranks[(rank + 1) % cp_size]):
+    # where the ring leaves a node, that hop runs over the sending GPU's one NIC however many
+    # CP ranks share the node, and it paces every step, as a pipeline hop does.
     cp = sh.cp
     kv_bytes = 2 * 2.0 * T * sh.kv_width / t  # K and V of the local chunk, bf16
-    cp_bandwidth = _bus_bandwidth(sh, k, cp, t)
+    ring_in_node = stays_in_node(cp, t, sh.gpus_per_node, sh.num_gpus)
+    cp_bandwidth = _link_bandwidth(sh, k, ring_in_node, np.ones_like(t))
     cp_transfer_s = (cp - 1) * kv_bytes * (1 + 2) / cp_bandwidth  # forward + backward
     cp_exposed_s = np.where(cp > 1, np.maximum(0.0, cp_transfer_s - attention_s), 0.0)
 

@@ -133,6 +133,26 @@ def test_a_pipeline_over_several_nodes_sends_across_one_of_their_boundaries() ->
     assert across > 3 * one_node > 0.0
 
 
+def test_a_context_parallel_ring_across_nodes_sends_over_one_nic_per_hop() -> None:
+    # Llama-3 8B, 32k tokens on two H100 nodes, cp 16 (tp 1, dp 1, mb 1): 16 micro-batches.
+    # Transformer Engine's ring attention sends each rank's K and V chunk to the next CP
+    # rank, point to point; the two hops between the nodes each run over one 50 GB/s NIC
+    # (not the 8 NICs an all-reduce's rings would use) and pace every step.
+    row = score(model="llama3_8b", cluster="h100_sxm", num_gpus=16, seq_length=32768,
+                global_batch_size=16, cp=16, attention="flash3").iloc[0]
+    k = load_constants("analytic")["h100_sxm"]
+    tokens, kv_width, h = 32768 / 16, 8 * 128, 4096
+    kv_bytes = 2 * 2 * tokens * kv_width  # K and V of the local chunk, bf16: 8,388,608
+    nic = 50e9 * k.network_efficiency
+    ring_s = 15 * kv_bytes * 3 / nic  # 15 steps, forward K, V and backward K, V, dK, dV
+    # FlashAttention's causal QK^T and AV of the local queries against all 32k keys, its
+    # backward 2.5 forwards, at flash3_efficiency of 989 TFLOP/s; what the ring outlasts
+    # of it is exposed, in each of 32 layers of 16 micro-batches.
+    attention_s = 3.5 * 4 * tokens * 32768 * h * 0.5 / (989e12 * k.flash3_efficiency)
+    assert ring_s > attention_s
+    assert row["time_cp_comm_s"] == pytest.approx(16 * 32 * (ring_s - attention_s))
+
+
 def test_sequence_parallelism_trades_element_wise_work_for_communication() -> None:
     rows = score(sequence_parallel=[False, True], tp=4).set_index("sequence_parallel")
     assert rows.loc[True, "time_elementwise_s"] < rows.loc[False, "time_elementwise_s"]
