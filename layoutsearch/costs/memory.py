@@ -44,8 +44,8 @@ def activation_bytes_per_layer(sh: Shapes) -> tuple[Array, Array, Array]:
     backward, its input).
 
     `kept` is what the layer stores under the row's selective or mlp recompute (all of it
-    under none or full); `rebuilt` is what that recompute drops and brings back for the
-    layer whose backward runs; the input is what full recomputation stores instead.
+    under none or full); `rebuilt` is what the row's recompute drops and brings back for
+    the layer whose backward runs; the input is what full recomputation stores instead.
     Token-wise tensors of width h are replicated on every TP rank unless sequence
     parallelism splits them (Korthikanti §4.2.2); head- and ffn-sharded tensors divide by tp.
     """
@@ -68,9 +68,17 @@ def activation_bytes_per_layer(sh: Shapes) -> tuple[Array, Array, Array]:
     # residual stream, already kept as the norm's input, and FC1's input is recomputed.
     # What a checkpoint drops comes back one layer at a time (CheckpointFunction.backward).
     fc1_input = np.where(sh.transformer_engine, width_h, 0.0)
-    rebuilt = (np.where(sh.is_recompute("selective"), scores, 0.0)
-               + np.where(sh.is_recompute("mlp"), mlp + fc1_input, 0.0))
-    kept = norms + linear_inputs + qkv + context + scores + mlp - rebuilt
+    whole = norms + linear_inputs + qkv + context + scores + mlp
+    # Full recomputation reruns the layer from its checkpointed input, which the rerun
+    # forward receives detached, not copied (CheckpointFunction.backward, detach_variable):
+    # a fused norm keeps that very bf16 tensor as its input, so it is stored once, as the
+    # checkpoint. PyTorch's RMSNorm keeps an fp32 upcast instead, which is rebuilt.
+    checkpoint_reused = np.where(sh.fused_norm, width_h, 0.0)
+    full = sh.is_recompute("full")
+    rebuilt = np.select(
+        [sh.is_recompute("selective"), sh.is_recompute("mlp"), full],
+        [scores, mlp + fc1_input, whole - checkpoint_reused], default=0.0)
+    kept = np.where(full, whole, whole - rebuilt)
     return kept, rebuilt, width_h
 
 
@@ -98,11 +106,11 @@ def memory_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     stored_per_layer = np.where(full, layer_input, kept)
     # What recomputation drops comes back for one layer during its backward, on top of
     # what every layer of every micro-batch in flight stores: with full recomputation the
-    # layer's whole working set, with selective its attention scores, with mlp its MLP.
-    working_layer = np.where(full, kept, rebuilt)
+    # layer's working set beside its checkpoint, with selective its attention scores, with
+    # mlp its MLP.
     exists = sh.stage_layers > 0
     activations = np.where(
-        exists, sh.stage_layers * sh.stage_in_flight * stored_per_layer + working_layer, 0.0)
+        exists, sh.stage_layers * sh.stage_in_flight * stored_per_layer + rebuilt, 0.0)
     # Logits at the loss, on the last stage: bf16 output, fp32 upcast, softmax and gradient
     # coexist (`logit_bytes` per value). Megatron's vocabulary-parallel cross entropy keeps
     # 1/tp of the vocabulary per rank; a loss over gathered logits (`logits_sharded_by_tp`

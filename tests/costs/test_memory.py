@@ -192,6 +192,31 @@ def test_mlp_recompute_rebuilds_one_layers_mlp_in_its_backward() -> None:
         1.55 * 578.2 * 2048 * 5120 / GIB, rel=1e-12)
 
 
+def test_full_recompute_stores_each_checkpoint_once() -> None:
+    # Llama-3 8B on one H100 node, tp 1, pp 1, seq 8192, mb 1, FlashAttention, fused
+    # RMSNorm (activation_memory_factor 1). Full recompute stores each of the 32 layers'
+    # input (2·s·h bytes); the layer in backward reruns its forward from that checkpoint,
+    # which CheckpointFunction hands over detached, not copied: the first norm's saved
+    # input is the checkpoint itself. Per layer, in units of s·h bytes: 4 norm inputs
+    # + 4 linear inputs + 2·(h + 2·1024)/h = 3 q,k,v + 2 context + 6·14336/4096 = 21
+    # SwiGLU = 34, of which 2 are the checkpoint: 32 × 2 + 32 = 96 s·h.
+    s, h = 8192, 4096
+    row = score(model="llama3_8b", cluster="h100_sxm", num_gpus=8, seq_length=s,
+                global_batch_size=8, recompute="full").iloc[0]
+    assert row["memory_activations_gib"] == pytest.approx(96 * s * h / GIB, rel=1e-12)
+
+
+def test_full_recompute_keeps_no_more_than_mlp_recompute_on_a_one_layer_stage() -> None:
+    # Llama-3 8B on 32 stages of one layer: the last stage holds one micro-batch, whose
+    # layer full recompute rebuilds whole from its checkpoint, as mlp recompute rebuilds
+    # the MLP beside the rest of the layer.
+    rows = score(model="llama3_8b", cluster="h200", num_gpus=64, seq_length=32768,
+                 global_batch_size=256, pp=32, micro_batch_size=8,
+                 recompute=["mlp", "full"]).set_index("recompute")
+    acts = rows["memory_activations_gib"]
+    assert acts["full"] <= acts["mlp"]
+
+
 def test_llama3_405b_with_context_parallelism_by_hand() -> None:
     # Llama-3 405B on 1024 H100 (memory constants a priori, Megatron-LM's defaults), tp 8, pp 16,
     # cp 2, dp 4, SP, seq 8192, mb 1, FlashAttention, no recompute. 126 layers on 16 stages:
