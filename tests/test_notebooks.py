@@ -11,6 +11,21 @@ from nbclient import NotebookClient
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 FIGURES = {"01_quickstart.ipynb": 3, "02_reproduce_the_study.ipynb": 5, "03_what_if.ipynb": 4}
 """Each notebook's figures; every one must reach the output as a PNG."""
+SHOWN = {
+    # The winner's command comes with the environment its run needs, as the CLI prints it.
+    "01_quickstart.ipynb": ("emit=megatron writes the sbatch script", "NVTE_FLASH_ATTN=1",
+                            "--tensor-model-parallel-size 1"),
+}
+"""Text each notebook's outputs must show."""
+
+
+def _text(book: nbformat.NotebookNode) -> str:
+    """The printed and displayed text of every code cell's outputs, one string."""
+    parts = []
+    for cell in book.cells:
+        for output in cell.outputs if cell.cell_type == "code" else ():
+            parts.append(output.get("text", "") + output.get("data", {}).get("text/plain", ""))
+    return "\n".join(parts)
 
 
 def _images(book: nbformat.NotebookNode) -> int:
@@ -31,6 +46,8 @@ def test_notebook_runs_and_shows_its_figures(name: str, tmp_path: Path,
                    resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     # The last cell of each notebook asserts that every figure's axes hold data.
     assert _images(book) >= FIGURES[name]
+    text = _text(book)
+    assert [shown for shown in SHOWN.get(name, ()) if shown not in text] == []
 
 
 @pytest.mark.parametrize("name", sorted(FIGURES))

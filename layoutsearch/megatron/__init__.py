@@ -2,14 +2,20 @@
 
 Only this package knows Megatron-LM's flag names and log formats.
 
-    from layoutsearch.megatron import build_command, validate_argv, parse_log
+    from layoutsearch.megatron import best_command_lines, build_command, parse_log, validate_argv
     command = build_command(layout, job)
+    print("\n".join(best_command_lines(ranked)))  # as the CLI prints it, with its environment
 """
 
 from __future__ import annotations
 
 from layoutsearch.megatron.args import MegatronCommand, build_command, command_of_row, job_of_row
-from layoutsearch.megatron.emit import emit_megatron, with_megatron_args, write_launch_scripts
+from layoutsearch.megatron.emit import (
+    best_command_lines,
+    emit_megatron,
+    with_megatron_args,
+    write_launch_scripts,
+)
 from layoutsearch.megatron.launchers import (
     DryRunLauncher,
     Launcher,
@@ -34,6 +40,7 @@ __all__ = [
     "SlurmLauncher",
     "Trial",
     "TrialLog",
+    "best_command_lines",
     "build_command",
     "build_launcher",
     "command_of_row",
