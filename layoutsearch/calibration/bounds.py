@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from layoutsearch.costs.constants import DISCRETE_VALUES
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Bound:
@@ -68,10 +70,7 @@ PHYSICAL: dict[str, Bound] = {
 }
 """Bounds of every continuous constant of `AnalyticConstants`."""
 
-DISCRETE: dict[str, tuple[float, ...]] = {
-    "gradient_bytes": (2.0, 4.0),  # bf16 or fp32 main gradients
-    "logits_sharded_by_tp": (0.0, 1.0),  # loss over the whole vocabulary, or 1/tp per rank
-}
+DISCRETE = DISCRETE_VALUES
 """Constants that take one of a few values."""
 
 # FlashAttention fwd+bwd (head dim 128, causal) as a fraction of the dense bf16 peak.

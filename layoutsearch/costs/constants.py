@@ -9,7 +9,8 @@ says where its value comes from; calibration writes new files of the same shape.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,8 +69,8 @@ class AnalyticConstants:
         for name, value in fields.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise LayoutSearchError(f"{where}.{name}={value!r}: must be a number")
-            rule = _rule_of(name)
-            if not RANGE_RULES[rule](float(value)):
+            rule, allows = _rule_of(name)
+            if not allows(float(value)):
                 raise LayoutSearchError(f"{where}.{name}={value!r}: must be {rule}")
         return cls(**{k: float(v) for k, v in fields.items()})
 
@@ -79,22 +80,34 @@ class AnalyticConstants:
 
 RANGE_RULES = {
     "a fraction in (0, 1]": lambda v: 0.0 < v <= 1.0,
-    "a number > 0": lambda v: v > 0.0,
-    "a number >= 0": lambda v: v >= 0.0,
-    "0 or 1": lambda v: v in (0.0, 1.0),
+    "a finite number > 0": lambda v: 0.0 < v < math.inf,
+    "a finite number >= 0": lambda v: 0.0 <= v < math.inf,
 }
-"""What each kind of constant may be: efficiencies and shares are fractions of a rate; the
-byte counts and factors multiply or divide; the overheads may be none; a switch is 0 or 1."""
+"""What each continuous constant may be: efficiencies and shares are fractions of a rate;
+the byte counts and factors multiply or divide; the overheads may be none. None may be
+infinite: an infinite overhead or byte count prices every layout at MFU 0 or out of memory."""
+
+DISCRETE_VALUES: dict[str, tuple[float, ...]] = {
+    # bf16 or fp32 main gradients: the emitted commands reduce in bf16 at 2 and fp32 at 4
+    # (megatron/args.py reduces_in_bf16), so no other count has a command that runs it.
+    "gradient_bytes": (2.0, 4.0),
+    "logits_sharded_by_tp": (0.0, 1.0),  # loss over the whole vocabulary, or 1/tp per rank
+}
+"""The constants that are switches, each with the values it may take."""
 
 
-def _rule_of(name: str) -> str:
+def _rule_of(name: str) -> tuple[str, Callable[[float], bool]]:
+    """What constant `name` must be, in words, and the test of a value."""
+    if name in DISCRETE_VALUES:
+        values = DISCRETE_VALUES[name]
+        return " or ".join(f"{v:g}" for v in values), lambda v: v in values
     if name.endswith("_efficiency") or name == "dp_comm_exposed":
-        return "a fraction in (0, 1]"
-    if name in ("kernel_overhead_s", "memory_overhead_gib"):
-        return "a number >= 0"
-    if name == "logits_sharded_by_tp":
-        return "0 or 1"
-    return "a number > 0"
+        rule = "a fraction in (0, 1]"
+    elif name in ("kernel_overhead_s", "memory_overhead_gib"):
+        rule = "a finite number >= 0"
+    else:
+        rule = "a finite number > 0"
+    return rule, RANGE_RULES[rule]
 
 
 ANALYTIC_TARGET = "layoutsearch.costs.analytic.AnalyticCostModel"

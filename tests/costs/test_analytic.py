@@ -83,8 +83,15 @@ def test_a_constant_out_of_range_or_missing_is_named() -> None:
     # A zero or above-one efficiency would price a step infinite or faster than peak.
     for name, value, rule in [("gemm_efficiency", 0, r"a fraction in \(0, 1\]"),
                               ("network_efficiency", 1.5, r"a fraction in \(0, 1\]"),
-                              ("logit_bytes", 0, "a number > 0"),
+                              ("logit_bytes", 0, "a finite number > 0"),
                               ("logits_sharded_by_tp", 0.5, "0 or 1"),
+                              # Infinite: every layout at MFU 0, or out of memory.
+                              ("kernel_overhead_s", float("inf"), "a finite number >= 0"),
+                              ("activation_memory_factor", float("inf"),
+                               "a finite number > 0"),
+                              ("memory_overhead_gib", float("nan"), "a finite number >= 0"),
+                              # No command reduces gradients at 3 bytes: bf16 (2) or fp32 (4).
+                              ("gradient_bytes", 3, "2 or 4"),
                               ("gemm_efficiency", "0.7", "a number")]:
         with pytest.raises(LayoutSearchError, match=rf"test\.{name}={value!r}: must be {rule}"):
             AnalyticConstants.from_dict({**good, name: value}, "test")
