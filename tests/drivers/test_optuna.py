@@ -603,12 +603,16 @@ def test_bad_storage_urls_and_settings_are_named(tmp_path: Path,
         build_driver("optuna", n_trials=0)
     with pytest.raises(LayoutSearchError, match="setting 'n_trails'; did you mean 'n_trials'"):
         build_driver("optuna", n_trails=5)
-    with pytest.raises(LayoutSearchError, match=r"driver\.timeout='10': must be a positive"):
+    with pytest.raises(LayoutSearchError, match=r"driver\.timeout='10': must be a finite positive"):
         build_driver("optuna", timeout="10")
 
 
 @pytest.mark.parametrize(("setting", "value", "rule"), [
     ("seed", 1.5, "must be null or an integer in 0 .. 2**32 - 1"),
+    # Never reached: the search would not stop at it (NaN stopped it before any trial).
+    ("target", float("nan"), "must be a finite number"),
+    ("timeout", float("nan"), "must be a finite positive number of seconds (null: no limit)"),
+    ("timeout", float("inf"), "must be a finite positive number of seconds (null: no limit)"),
     ("seed", -1, "must be null or an integer in 0 .. 2**32 - 1"),
     ("n_startup_trials", "x", "must be an integer >= 0"),
     ("multivariate", "maybe", "must be true or false"),

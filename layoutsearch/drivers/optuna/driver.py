@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import multiprocessing
 import os
 import sys
@@ -128,9 +129,13 @@ class OptunaDriver:
             raise LayoutSearchError(unknown_name_message("sampler", self.sampler, SAMPLERS))
         for name in ("timeout", "target"):
             value = getattr(self, name)
+            # NaN and inf never compare as reached: a search told to stop there never stops
+            # by it, and a NaN timeout stops it before its first trial.
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or not math.isfinite(value)
                                       or (name == "timeout" and value <= 0)):
-                rule = "a positive number of seconds" if name == "timeout" else "a number"
+                rule = ("a finite positive number of seconds (null: no limit)"
+                        if name == "timeout" else "a finite number")
                 raise LayoutSearchError(f"driver.{name}={value!r}: must be {rule}")
         for name in ("n_trials", "n_workers", "warm_start_top_k"):
             value = getattr(self, name)
