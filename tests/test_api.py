@@ -225,7 +225,7 @@ def test_unknown_names_list_valid_ones(argument: str, value: str, closest: str) 
 @pytest.mark.parametrize(
     ("argument", "value"),
     [("model", 13), ("model", None), ("cluster", 8), ("search_space", ["tp"]),
-     ("cost_model", 5)],
+     ("cost_model", 5), ("driver", ["grid"]), ("driver", 1)],
 )
 def test_arguments_of_the_wrong_type(argument: str, value: object) -> None:
     raises_user_error(re.escape(f"{argument}={value!r}: must be a"), **{argument: value})

@@ -50,6 +50,9 @@ def build_driver(spec: str | Mapping[str, Any] | Driver, **settings: Any) -> Dri
     if isinstance(spec, Mapping):
         settings = {**{k: v for k, v in spec.items() if k not in ("name", "_target_")}, **settings}
         spec = str(spec.get("name", ""))
+    if not isinstance(spec, str):  # a list or a number would fail the lookup with a TypeError
+        raise LayoutSearchError(f"driver={spec!r}: must be a name ({', '.join(DRIVERS)}), a "
+                                "mapping with its name and settings, or a driver instance")
     if spec not in DRIVERS:
         raise LayoutSearchError(unknown_name_message("driver", str(spec), DRIVERS))
     try:
