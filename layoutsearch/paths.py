@@ -11,6 +11,7 @@ force-include). A name given in a setting (`cost_models.megatron=mine`,
     with config_folders([Path("my_configs")]):
         option_files("cost_models")["mine"]   # my_configs/cost_models/mine.yaml
     unwritable_file("runs/measurements.csv")  # None, or why not
+    unwritable_folder("outputs/run")          # None, or why not
 """
 
 from __future__ import annotations
@@ -128,4 +129,23 @@ def _unwritable(path: Path, text: str) -> str | None:
         return f"lies under {folder}, which is a file, not a folder"
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"lies in the folder {folder}, which is not writable"
+    return None
+
+
+def unwritable_folder(path: str | Path) -> str | None:
+    """Why the outputs cannot go into a folder at `path` (None: they can): it, or the
+    nearest existing path above it, is a file, a dangling link or a folder that cannot be
+    written in. Asked before the work whose outputs go there, which would otherwise end in
+    Python's NotADirectoryError or FileExistsError."""
+    path = Path(path).expanduser()
+    existing = next(p for p in (path, *path.parents)
+                    if p.exists() or p.is_symlink() or p == Path("."))
+    if existing.is_symlink() and not existing.exists():
+        return (f"{existing} is a symbolic link to {os.readlink(existing)}, which does not "
+                "exist; make that folder, or name another")
+    if not existing.is_dir():
+        named = "is a file" if existing == path else f"lies under {existing}, a file"
+        return f"{named}; the outputs go into a folder (name a new or existing folder)"
+    if existing != path and not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot make it: {existing} is not writable; name a folder where you may write"
     return None

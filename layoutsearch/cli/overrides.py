@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -29,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from layoutsearch.catalog import CLUSTER_DIR, MODEL_DIR
 from layoutsearch.costs.constants import config_target
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
-from layoutsearch.paths import config_dir, option_mapping, package_folder
+from layoutsearch.paths import config_dir, option_mapping, package_folder, unwritable_folder
 from layoutsearch.space import DP_IS_DERIVED, SearchSpace
 from layoutsearch.specs import ClusterSpec, GPUSpec, ModelSpec
 
@@ -412,18 +411,6 @@ def check_output_dirs(argv: Sequence[str]) -> None:
         value = override.value()
         if not isinstance(value, str) or "${" in value:
             continue
-        path = Path(value).expanduser()
-        existing = next(p for p in (path, *path.parents)
-                        if p.exists() or p.is_symlink() or p == Path("."))
-        where = f"{override.key_or_group}={value}"
-        if existing.is_symlink() and not existing.exists():
-            raise LayoutSearchError(f"{where}: {existing} is a symbolic link to "
-                                    f"{os.readlink(existing)}, which does not exist; make that "
-                                    "folder, or name another")
-        if not existing.is_dir():
-            named = "is a file" if existing == path else f"lies under {existing}, a file"
-            raise LayoutSearchError(f"{where}: {named}; the outputs go into a folder (name a "
-                                    "new or existing folder)")
-        if existing != path and not os.access(existing, os.W_OK | os.X_OK):
-            raise LayoutSearchError(f"{where}: cannot make it: {existing} is not writable; "
-                                    "name a folder where you may write")
+        problem = unwritable_folder(value)
+        if problem:
+            raise LayoutSearchError(f"{override.key_or_group}={value}: {problem}")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from layoutsearch.errors import LayoutSearchError, type_of
+from layoutsearch.paths import unwritable_folder
 from layoutsearch.reporting.explain import require_ranking
 from layoutsearch.reporting.markdown import TOP_K, write_report
 from layoutsearch.reporting.study_rules import StudyCheck, check_study_rules
@@ -36,9 +37,9 @@ def report(result: pd.DataFrame, out_dir: str | Path | None = None, *,
     require_ranking(result, "report(result)")
     job_of(result, "report(result)")
     folder = Path(out_dir) if out_dir is not None else DEFAULT_DIR
-    if folder.exists() and not folder.is_dir():
-        raise LayoutSearchError(f"report(result, out_dir={str(folder)!r}): is a file; the "
-                                "report is a folder (report.md and its figures)")
+    problem = unwritable_folder(folder)
+    if problem:  # the report is a folder: report.md and its figures
+        raise LayoutSearchError(f"report(result, out_dir={str(folder)!r}): {problem}")
     return write_report(result, folder, top_k=top_k)
 
 

@@ -152,6 +152,11 @@ def test_report_into_a_file_is_a_user_error(ranked: pd.DataFrame, tmp_path: Path
     taken.write_text("kept\n")
     with pytest.raises(LayoutSearchError, match=r"out_dir='.*ranked\.csv'\): is a file"):
         layoutsearch.report(ranked, taken)
+    # A folder under a file cannot be made either (pathlib: NotADirectoryError).
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            f"report(result, out_dir='{taken}/report'): lies under {taken}, a file; the "
+            "outputs go into a folder (name a new or existing folder)")):
+        layoutsearch.report(ranked, taken / "report")
     assert taken.read_text() == "kept\n"
 
 
