@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -83,14 +84,26 @@ def test_definitions_from_dicts_name_their_mistakes() -> None:
     with pytest.raises(LayoutSearchError,
                        match=r"model 'm': unknown model field 'layers'; did you mean 'num_layers'"):
         model_from_dict({"name": "m", "layers": 2})
-    with pytest.raises(LayoutSearchError, match=r"model definition .*missing .*'hidden_size'"):
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            "model 'm': missing field(s) hidden_size, ffn_hidden_size, num_attention_heads, "
+            "vocab_size; a model needs name, num_layers, hidden_size, ffn_hidden_size, "
+            "num_attention_heads, vocab_size")):
         model_from_dict({"name": "m", "num_layers": 2})
+    with pytest.raises(LayoutSearchError, match=r"^model definition: missing field\(s\) name, "):
+        model_from_dict({})  # an empty YAML file
     for build, kind in ((model_from_dict, "model"), (cluster_from_dict, "cluster")):
         with pytest.raises(LayoutSearchError, match=rf"{kind} definition \['num_layers'\]: "
                                                     "must be a mapping of field names"):
             build(["num_layers"])  # a YAML file written as a list
-    with pytest.raises(LayoutSearchError, match=r"needs a 'gpu' mapping"):
+    with pytest.raises(LayoutSearchError, match=r"^cluster 'c': missing field\(s\) gpu; "):
         cluster_from_dict({"name": "c", "intra_node_bandwidth_gbps": 1,
+                           "inter_node_bandwidth_gbps": 1})
+    # A catalog name where the GPU's figures belong: the value is named, not dropped.
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            "cluster 'c'.gpu='a100_80gb': must be a mapping of the GPU's fields (name, "
+            "peak_tflops, memory_gib, memory_bandwidth_gbps, supports_flash3); copy the gpu "
+            "block of a catalog cluster")):
+        cluster_from_dict({"name": "c", "gpu": "a100_80gb", "intra_node_bandwidth_gbps": 1,
                            "inter_node_bandwidth_gbps": 1})
     with pytest.raises(LayoutSearchError, match=r"^gpu 'g'\.peak_tflops=0: must be a finite "
                                                 r"positive number"):

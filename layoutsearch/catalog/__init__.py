@@ -49,16 +49,20 @@ def _require_mapping(cls: type, kind: str, fields: Any) -> None:
 def _construct(cls: type, kind: str, fields: Any) -> Any:
     _require_mapping(cls, kind, fields)
     valid = [f.name for f in dataclasses.fields(cls)]
+    name = fields.get("name", "")
+    who = f"{kind} {name!r}" if name else f"{kind} definition"
     unknown = [k for k in fields if k not in valid]
     if unknown:
-        name = fields.get("name", "")
         raise LayoutSearchError(
-            f"{kind} {name!r}: " + "; ".join(
+            f"{who}: " + "; ".join(
                 unknown_name_message(f"{kind} field", str(k), valid) for k in unknown))
-    try:
-        return cls(**fields)
-    except TypeError as error:  # a missing field: say which
-        raise LayoutSearchError(f"{kind} definition {dict(fields)!r}: {error}") from None
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [k for k in required if k not in fields]
+    if missing:
+        raise LayoutSearchError(f"{who}: missing field(s) {', '.join(missing)}; a {kind} "
+                                f"needs {', '.join(required)}")
+    return cls(**fields)
 
 
 def model_from_dict(fields: Mapping[str, Any]) -> ModelSpec:
@@ -71,10 +75,16 @@ def cluster_from_dict(fields: Mapping[str, Any]) -> ClusterSpec:
     """A ClusterSpec from YAML/Hydra fields; `gpu` is a nested mapping."""
     _require_mapping(ClusterSpec, "cluster", fields)
     fields = dict(fields)
-    gpu = fields.pop("gpu", None)
-    if not isinstance(gpu, Mapping):
-        raise LayoutSearchError(f"cluster definition {fields!r}: needs a 'gpu' mapping")
-    return _construct(ClusterSpec, "cluster", {**fields, "gpu": _construct(GPUSpec, "gpu", gpu)})
+    gpu = fields.get("gpu")
+    if "gpu" in fields and not isinstance(gpu, GPUSpec):
+        if not isinstance(gpu, Mapping):  # e.g. a catalog name, which is no GPU's figures
+            valid = ", ".join(f.name for f in dataclasses.fields(GPUSpec))
+            raise LayoutSearchError(
+                f"cluster {fields.get('name', '')!r}.gpu={gpu!r}: must be a mapping of the "
+                f"GPU's fields ({valid}); copy the gpu block of a catalog cluster, e.g. "
+                f"{CLUSTER_DIR / 'a100_80gb.yaml'}")
+        fields["gpu"] = _construct(GPUSpec, "gpu", gpu)
+    return _construct(ClusterSpec, "cluster", fields)
 
 
 def _catalog_file(kind: str, name: Any, folder: Path, names: list[str]) -> Path:
