@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from measured_runs import RUNS_HELP, default_runs
+from measured_runs import RUNS_HELP, default_runs, read_runs
 
 import layoutsearch
 from layoutsearch.catalog import clusters_by_gpu
@@ -61,11 +61,9 @@ def main() -> int:
     parser.add_argument("--cost-model", default="analytic",
                         help="a cost_models/ config name or a YAML path (default: analytic)")
     args = parser.parse_args()
-    if not args.runs.is_file():
-        print(f"no measurement file at {args.runs}; pass one in the measurement schema")
-        return 2
+    runs = read_runs(parser, args.runs)
     try:
-        predicted = layoutsearch.predict(args.runs, cost_model=args.cost_model)
+        predicted = layoutsearch.predict(runs, cost_model=args.cost_model)
     except LayoutSearchError as error:
         print(f"error: {error}")
         return 2

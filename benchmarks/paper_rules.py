@@ -15,7 +15,7 @@ import argparse
 import warnings
 from pathlib import Path
 
-from measured_runs import RUNS_HELP, default_runs
+from measured_runs import RUNS_HELP, default_runs, read_runs
 
 import layoutsearch
 from layoutsearch.reporting.explain import compare, label
@@ -66,7 +66,7 @@ def main() -> None:
     # to what was measured (the SP rule cannot be checked against them).
     models: list[tuple[str, object, dict[str, object]]] = [("analytic", "analytic", {})]
     if args.runs.is_file():
-        measured = sorted(set(layoutsearch.read_measurements(args.runs)["sequence_parallel"]))
+        measured = sorted(set(read_runs(parser, args.runs)["sequence_parallel"]))
         models.append(("replay (measured), sequence_parallel pinned to the measured "
                        f"{measured}", {"_target_": "layoutsearch.costs.replay.ReplayCostModel",
                                        "path": str(args.runs)},

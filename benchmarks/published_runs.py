@@ -33,9 +33,9 @@ import warnings
 from pathlib import Path
 
 import pandas as pd
+from measured_runs import read_runs
 
 import layoutsearch
-from layoutsearch.measurements import read_measurements
 
 PUBLISHED_RUNS = Path(__file__).with_name("published_runs.csv")
 COST_MODELS = ("analytic", "analytic_prior")
@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=PUBLISHED_RUNS,
                         help="measurement file of published runs (default: %(default)s)")
     args = parser.parse_args()
-    runs = read_measurements(args.runs)
+    runs = read_runs(parser, args.runs)
     runs = runs[runs["status"] == "ok"].reset_index(drop=True)  # the runs with a step time
     print(f"{len(runs)} published runs from {os.path.relpath(args.runs)} (* = settings the "
           "source does not state, assumed as its `assumed` column says)\n")

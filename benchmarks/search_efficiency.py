@@ -25,13 +25,13 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
-from measured_runs import RUNS_HELP, default_runs
+from measured_runs import RUNS_HELP, default_runs, read_runs
 
 from layoutsearch.catalog import clusters_by_gpu, load_cluster
 from layoutsearch.costs.base import CostModel
 from layoutsearch.costs.replay import ReplayCostModel, summarize_runs
 from layoutsearch.drivers.optuna import OptunaDriver
-from layoutsearch.measurements import JOB_KEY, MEASUREMENT_KEY, read_measurements
+from layoutsearch.measurements import JOB_KEY, MEASUREMENT_KEY
 from layoutsearch.problem import SearchProblem
 from layoutsearch.space import KNOBS, SearchSpace
 from layoutsearch.specs import ClusterSpec, Job, ModelSpec
@@ -103,7 +103,7 @@ def main() -> None:
                         help="optuna driver settings to try, e.g. n_startup_trials=5")
     args = parser.parse_args()
     settings = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.driver)}
-    runs = read_measurements(args.runs)
+    runs = read_runs(parser, args.runs)
     header = (f"{'job':<34} {'measured':>8} {'random':>7} {'TPE':>6} {'warm':>5} "
               f"{'ms/trial':>8} {'ms/eval':>7}")
     print(header)

@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 
 import pandas as pd
-from measured_runs import RUNS_HELP, default_runs
+from measured_runs import RUNS_HELP, default_runs, read_runs
 
 import layoutsearch
 
@@ -55,11 +55,7 @@ def check(runs: pd.DataFrame, model: str, seq: int, gpus: int, **pins: object) -
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=Path, default=default_runs(), help=RUNS_HELP)
-    path = parser.parse_args().runs
-    if not path.is_file():
-        print(f"no measurement file at {path}")
-        return 2
-    runs = layoutsearch.read_measurements(path)
+    runs = read_runs(parser, parser.parse_args().runs)
     for title, pins in (("paper space", {}),
                         ("paper space, sequence_parallel=false (as measured)",
                          {"sequence_parallel": False})):
