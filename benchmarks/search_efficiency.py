@@ -30,7 +30,9 @@ from measured_runs import RUNS_HELP, default_runs, read_runs
 from layoutsearch.catalog import clusters_by_gpu, load_cluster
 from layoutsearch.costs.base import CostModel
 from layoutsearch.costs.replay import ReplayCostModel, summarize_runs
+from layoutsearch.drivers import build_driver
 from layoutsearch.drivers.optuna import OptunaDriver
+from layoutsearch.errors import LayoutSearchError
 from layoutsearch.measurements import JOB_KEY, MEASUREMENT_KEY
 from layoutsearch.problem import SearchProblem
 from layoutsearch.space import KNOBS, SearchSpace
@@ -95,14 +97,34 @@ def evaluations_to_reach(ranked: pd.DataFrame, target: float) -> int | None:
     return int(hits[0]) + 1 if len(hits) else None
 
 
+PER_RUN_SETTINGS = ("n_trials", "target", "seed", "progress", "warm_start")
+"""The optuna settings each replayed search is given by the benchmark itself."""
+
+
+def setting(item: str) -> tuple[str, object]:
+    """One `--driver KEY=VALUE`, the value read as YAML (5, true, [mfu, step_time_s])."""
+    key, equals, value = item.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"{item!r}: must be KEY=VALUE, e.g. n_startup_trials=5")
+    return key, yaml.safe_load(value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=Path, default=default_runs(), help=RUNS_HELP)
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--driver", nargs="*", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--driver", nargs="*", default=[], metavar="KEY=VALUE", type=setting,
                         help="optuna driver settings to try, e.g. n_startup_trials=5")
     args = parser.parse_args()
-    settings = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.driver)}
+    settings = dict(args.driver)
+    try:  # refused before any job is replayed, naming the setting and its rule
+        build_driver("optuna", **settings)
+    except LayoutSearchError as error:
+        parser.error(f"--driver: {error}")
+    chosen = sorted(set(settings) & set(PER_RUN_SETTINGS))
+    if chosen:
+        parser.error(f"--driver {chosen[0]}=...: set by the benchmark for each run "
+                     f"({', '.join(PER_RUN_SETTINGS)}); try other settings")
     runs = read_runs(parser, args.runs)
     header = (f"{'job':<34} {'measured':>8} {'random':>7} {'TPE':>6} {'warm':>5} "
               f"{'ms/trial':>8} {'ms/eval':>7}")

@@ -66,3 +66,19 @@ def test_a_benchmark_given_a_bad_file_prints_no_traceback(tmp_path: Path) -> Non
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert f"published_runs.py: error: --runs {path}: measurement file" in done.stderr
+
+
+@pytest.mark.parametrize(("argument", "error"), [
+    ("foo", "argument --driver: 'foo': must be KEY=VALUE, e.g. n_startup_trials=5"),
+    ("n_startup_trials=-1", "--driver: driver.n_startup_trials=-1: must be an integer >= 0"),
+    ("seed=3", "--driver seed=...: set by the benchmark for each run (n_trials, target, seed, "
+               "progress, warm_start); try other settings"),
+])
+def test_a_bad_driver_setting_of_search_efficiency_is_named(
+        tmp_path: Path, argument: str, error: str) -> None:
+    # They failed with ValueError or TypeError tracebacks, after the runs were read.
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "search_efficiency.py"),
+                           "--runs", str(tmp_path / "unread.csv"), "--driver", argument],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == f"search_efficiency.py: error: {error}"
