@@ -41,7 +41,7 @@ from layoutsearch.megatron.inverse import row_of_argv
 from layoutsearch.megatron.launchers import Launcher, Trial, build_launcher
 from layoutsearch.megatron.logs import LogResult, parse_log
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
-from layoutsearch.paths import unwritable_file
+from layoutsearch.paths import unwritable_file, unwritable_folder
 from layoutsearch.progress import say
 from layoutsearch.specs import ClusterSpec
 
@@ -303,6 +303,14 @@ class MeasuredCostModel:
                 f"cost_models=measured cannot record a run: the measurement file "
                 f"{str(self.file.path)!r} {unwritable}. Nothing was launched for {name}; "
                 "set cost_models.measurements to a CSV or Parquet file that can be written")
+        log_dir = self.settings.log_dir
+        unwritable = unwritable_folder(log_dir)
+        if unwritable:
+            # Every launcher writes the trial's log (and script) there: a launch would end
+            # in NotADirectoryError or PermissionError, for this layout and every other.
+            raise LayoutSearchError(
+                f"cost_models=measured cannot keep a trial's log: megatron.log_dir={log_dir}: "
+                f"{unwritable}. Nothing was launched for {name}")
         problem = self.launcher.preflight(command)
         if problem:
             # A setup problem holds for every layout of the search: stop, record nothing.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -657,6 +658,24 @@ def test_a_measurement_file_that_cannot_be_written_stops_before_any_launch(tmp_p
                              r"Nothing was launched"):
         layoutsearch.search(cost_model=model, **SMALL_JOB)
     assert model.launched == 0 and launches(tmp_path) == []
+
+
+@pytest.mark.parametrize("launcher", ["local", "dry_run"])
+def test_a_log_folder_under_a_file_stops_before_any_launch(tmp_path, launcher):
+    # Every launcher writes the trial's log or script into megatron.log_dir: under a file,
+    # the search ended in NotADirectoryError at its first launch.
+    (tmp_path / "afile").write_text("kept\n")
+    settings = fake_megatron_settings(tmp_path).replace(
+        log_dir=str(tmp_path / "afile" / "logs"), launcher=launcher)
+    model = MeasuredCostModel(settings=settings, measurements=tmp_path / "m.csv",
+                              prescreen=build_cost_model("analytic"), top_k=2)
+    with pytest.raises(layoutsearch.LayoutSearchError, match=re.escape(
+            f"cost_models=measured cannot keep a trial's log: megatron.log_dir="
+            f"{tmp_path}/afile/logs: lies under {tmp_path}/afile, a file; the outputs go "
+            "into a folder (name a new or existing folder). Nothing was launched for ")):
+        layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert model.launched == 0 and launches(tmp_path) == []
+    assert (tmp_path / "afile").read_text() == "kept\n"
 
 
 def test_extra_args_layoutsearch_does_not_define_are_passed_on_and_measured(tmp_path):
