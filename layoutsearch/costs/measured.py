@@ -318,7 +318,8 @@ class MeasuredCostModel:
                 f"cost_models=measured cannot launch with launcher={self.launcher.name}: "
                 f"{problem}. Nothing was launched for {name}; the measurements already in "
                 f"{self.file.path} are kept, and the same command resumes from them")
-        log_path = Path(self.settings.log_dir) / f"{name}.log"
+        # `~` expanded as the check above expands it: a path is taken literally by open().
+        log_path = Path(log_dir).expanduser() / f"{name}.log"
         outcome = self.launcher.run(Trial(name=name, command=command, log_path=log_path,
                                           step_time_s=predicted_step_s))
         if not outcome.ran:

@@ -377,6 +377,19 @@ def test_a_dry_run_writing_into_the_folder_it_ran_in_names_that_folder(tmp_path,
     assert " and 1 more in . (each row's reason names its own). " in note
 
 
+def test_a_log_folder_under_home_is_written_there_not_into_a_folder_named_tilde(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    settings = fake_megatron_settings(tmp_path).replace(launcher="dry_run",
+                                                        log_dir="~/trial_logs")
+    model = MeasuredCostModel(settings=settings, measurements=tmp_path / "measurements.csv",
+                              prescreen=build_cost_model("analytic"), top_k=2)
+    layoutsearch.search(cost_model=model, **JOB)
+    assert len(list((tmp_path / "home" / "trial_logs").iterdir())) == 2
+    assert not (tmp_path / "~").exists()
+
+
 def test_a_one_node_dry_run_offers_the_local_launcher_too(tmp_path):
     settings = fake_megatron_settings(tmp_path).replace(launcher="dry_run")
     model = MeasuredCostModel(settings=settings, measurements=tmp_path / "measurements.csv",
