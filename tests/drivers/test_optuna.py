@@ -613,6 +613,8 @@ def test_bad_storage_urls_and_settings_are_named(tmp_path: Path,
     ("target", float("nan"), "must be a finite number"),
     ("timeout", float("nan"), "must be a finite positive number of seconds (null: no limit)"),
     ("timeout", float("inf"), "must be a finite positive number of seconds (null: no limit)"),
+    # Past a float's range: math.isfinite raised OverflowError on it.
+    ("target", 10**400, "must be a finite number"),
     ("seed", -1, "must be null or an integer in 0 .. 2**32 - 1"),
     ("n_startup_trials", "x", "must be an integer >= 0"),
     ("multivariate", "maybe", "must be true or false"),

@@ -77,6 +77,15 @@ def _study_name_of(made_for: Mapping[str, Any]) -> str:
     return f"layoutsearch-{digest[:12]}"
 
 
+def _finite(value: float) -> bool:
+    """A number a float can hold that is not NaN or infinite (an int past 1.8e308 is not:
+    math.isfinite raises OverflowError on it, and so would a deadline computed from it)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 @dataclass(kw_only=True, slots=True)
 class OptunaDriver:
     """Sample layouts with optuna until `n_trials` evaluations, `timeout` or `target`."""
@@ -132,7 +141,7 @@ class OptunaDriver:
             # NaN and inf never compare as reached: a search told to stop there never stops
             # by it, and a NaN timeout stops it before its first trial.
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
-                                      or not math.isfinite(value)
+                                      or not _finite(value)
                                       or (name == "timeout" and value <= 0)):
                 rule = ("a finite positive number of seconds (null: no limit)"
                         if name == "timeout" else "a finite number")
