@@ -12,11 +12,17 @@ the buffer per GPU, an all-gather or reduce-scatter (n−1)/n); element-wise tra
 per kernel below. Left out: the embedding lookup, RoPE tables and attention-mask creation.
 
     parts = time_breakdown(shapes, constants)   # seconds per component, one array each
+
+Each component has its own function: `layer_compute` (GEMMs, attention, element-wise
+kernels), `recompute_s`, `tensor_parallel_s`, `kernel_launches`, `context_parallel_exposed_s`,
+`logits_s`, `pipeline_p2p_s`, `slowest_stage`, `bubble_s`, `data_parallel_exposed_s` and
+`optimizer_step_s`; `time_breakdown` puts them together into a step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,6 +61,7 @@ ATTENTION_KERNELS = {"torch": 6.0, "fused": 3.0, "flash1": 1.0, "flash2": 1.0, "
 UNFUSED_NORM_EXTRA_KERNELS = 6.0
 BACKWARD_TRAFFIC = 2.0
 BACKWARD_FLOPS = 2.0  # dgrad and wgrad GEMMs are each as large as the forward GEMM
+FORWARD_AND_BACKWARD = 1.0 + BACKWARD_FLOPS  # forward + backward, in forward equivalents
 # FlashAttention's backward recomputes QK^T: five GEMMs against the forward's two, 2.5x
 # its FLOPs. Its published TFLOP/s (and so the *_efficiency constants) count fwd+bwd as
 # 3.5x the forward (Dao-AILab flash-attention, benchmarks/benchmark_flash_attention.py).
@@ -100,19 +107,61 @@ def _bus_bandwidth(sh: Shapes, k: Mapping[str, Array], size: Array, stride: Arra
     return _link_bandwidth(sh, k, inside, ranks_per_node)
 
 
-def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
-    """Seconds per optimizer step by component; the components sum to the step time."""
-    T, h, f, t, s = sh.tokens, sh.hidden, sh.ffn, sh.tp, sh.seq
-    peak = sh.peak_flops
-    bandwidth = sh.memory_bandwidth * k["memory_bandwidth_efficiency"]
-    replicated = np.where(sh.sequence_parallel, 1.0 / t, 1.0)
-    passes = 1.0 + BACKWARD_FLOPS  # forward + backward, in forward equivalents
+def _memory_rate(sh: Shapes, k: Mapping[str, Array]) -> Array:
+    """Bytes/s that the memory-bound kernels reach."""
+    return sh.memory_bandwidth * k["memory_bandwidth_efficiency"]
 
-    # --- one layer, one micro-batch, forward ---
+
+@dataclass(frozen=True, slots=True)
+class LayerCompute:
+    """One layer's compute for one micro-batch on one GPU, seconds, by op class."""
+
+    attention_gemms_fwd_s: Array
+    """QKV and output projections, forward."""
+    mlp_gemms_fwd_s: Array
+    """FC1 (gate and up with SwiGLU) and FC2, forward."""
+    attention_s: Array
+    """QK^T, softmax and AV, forward + backward."""
+    attention_fwd_s: Array
+    """QK^T, softmax and AV, forward alone (what recomputation repeats)."""
+    elementwise_fwd_s: Array
+    """Norms, residual adds, the MLP's activation and RoPE, forward."""
+    mlp_elementwise_fwd_s: Array
+    """The MLP activation's share of `elementwise_fwd_s`."""
+
+    @property
+    def gemm_s(self) -> Array:
+        """All GEMMs outside attention, forward + backward."""
+        return FORWARD_AND_BACKWARD * (self.attention_gemms_fwd_s + self.mlp_gemms_fwd_s)
+
+    @property
+    def elementwise_s(self) -> Array:
+        """The element-wise kernels, forward + backward."""
+        return (1 + BACKWARD_TRAFFIC) * self.elementwise_fwd_s
+
+    @property
+    def forward_s(self) -> Array:
+        """The whole forward pass of the layer's compute."""
+        return (self.attention_gemms_fwd_s + self.mlp_gemms_fwd_s + self.attention_fwd_s
+                + self.elementwise_fwd_s)
+
+
+def gemm_fwd_s(sh: Shapes, k: Mapping[str, Array]) -> tuple[Array, Array]:
+    """Forward seconds of one layer's GEMMs for one micro-batch: the attention block's (QKV
+    and output projection) and the MLP's."""
+    T, h, f, t = sh.tokens, sh.hidden, sh.ffn, sh.tp
     mlp_matrices = np.where(sh.swiglu, 3.0, 2.0)
     attn_gemm_flops = 2 * T * (2 * h * h + 2 * h * sh.kv_width) / t
     mlp_gemm_flops = 2 * T * mlp_matrices * h * f / t
-    gemm_rate = peak * k["gemm_efficiency"]
+    gemm_rate = sh.peak_flops * k["gemm_efficiency"]
+    return attn_gemm_flops / gemm_rate, mlp_gemm_flops / gemm_rate
+
+
+def attention_core_s(sh: Shapes, k: Mapping[str, Array]) -> tuple[Array, Array]:
+    """Seconds of one layer's QK^T, softmax and AV for one micro-batch: forward + backward,
+    and the forward alone."""
+    T, h, t, s = sh.tokens, sh.hidden, sh.tp, sh.seq
+    bandwidth = _memory_rate(sh, k)
     # QK^T and AV: 4·T·s·h FLOPs per layer; FlashAttention skips the masked causal half.
     flash = sh.is_attention(*FLASH_ATTENTION)
     score_flops = 4 * T * s * h / t * np.where(flash, 0.5, 1.0)
@@ -121,19 +170,59 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
         [k[f"{kernel}_efficiency"] for kernel in FLASH_ATTENTION],
         default=k["gemm_efficiency"],  # torch and fused run QK^T and AV as batched GEMMs
     )
-    attention_rate = peak * attention_efficiency
+    attention_rate = sh.peak_flops * attention_efficiency
     score_traffic = sh.per_attention(SCORE_TRAFFIC) * T * s * sh.heads / t  # fwd + bwd
-    attention_passes = np.where(flash, 1.0 + FLASH_BACKWARD_FLOPS, passes)
+    attention_passes = np.where(flash, 1.0 + FLASH_BACKWARD_FLOPS, FORWARD_AND_BACKWARD)
     attention_s = attention_passes * score_flops / attention_rate + score_traffic / bandwidth
+    attention_fwd_s = (score_flops / attention_rate
+                       + score_traffic / (1 + BACKWARD_TRAFFIC) / bandwidth)
+    return attention_s, attention_fwd_s
 
+
+def elementwise_fwd_s(sh: Shapes, k: Mapping[str, Array]) -> tuple[Array, Array]:
+    """Forward seconds of one layer's memory-bound element-wise kernels for one micro-batch:
+    all of them, and the MLP activation's share."""
+    T, h, f, t = sh.tokens, sh.hidden, sh.ffn, sh.tp
+    bandwidth = _memory_rate(sh, k)
+    replicated = np.where(sh.sequence_parallel, 1.0 / t, 1.0)
     norm_traffic = np.where(sh.fused_norm, NORM_TRAFFIC_FUSED, NORM_TRAFFIC_UNFUSED)
     token_traffic = (2 * norm_traffic + RESIDUAL_TRAFFIC) * T * h * replicated
     mlp_traffic = np.where(sh.swiglu, SWIGLU_TRAFFIC, GELU_TRAFFIC) * T * f / t
     rope_traffic = ROPE_TRAFFIC * T * (h + sh.kv_width) / t
-    elementwise_fwd_s = (token_traffic + mlp_traffic + rope_traffic) / bandwidth
-    attn_gemm_fwd_s = attn_gemm_flops / gemm_rate
-    mlp_gemm_fwd_s = mlp_gemm_flops / gemm_rate
+    return (token_traffic + mlp_traffic + rope_traffic) / bandwidth, mlp_traffic / bandwidth
 
+
+def layer_compute(sh: Shapes, k: Mapping[str, Array]) -> LayerCompute:
+    """One layer's compute for one micro-batch, by op class."""
+    attention_gemms, mlp_gemms = gemm_fwd_s(sh, k)
+    attention, attention_fwd = attention_core_s(sh, k)
+    elementwise, mlp_elementwise = elementwise_fwd_s(sh, k)
+    return LayerCompute(attention_gemms_fwd_s=attention_gemms, mlp_gemms_fwd_s=mlp_gemms,
+                        attention_s=attention, attention_fwd_s=attention_fwd,
+                        elementwise_fwd_s=elementwise, mlp_elementwise_fwd_s=mlp_elementwise)
+
+
+def _recompute_kinds(sh: Shapes) -> list[Array]:
+    """Flags of full, selective and MLP recomputation, in the order the selects use."""
+    return [sh.is_recompute("full"), sh.is_recompute("selective"), sh.is_recompute("mlp")]
+
+
+def recompute_s(sh: Shapes, compute: LayerCompute) -> Array:
+    """Seconds one layer spends on recomputation for one micro-batch: recomputation repeats
+    forward work before the backward pass (the whole layer's, the attention core's, or the
+    MLP's)."""
+    return np.select(
+        _recompute_kinds(sh),
+        [compute.forward_s, compute.attention_fwd_s,
+         compute.mlp_gemms_fwd_s + compute.mlp_elementwise_fwd_s],
+        default=0.0,
+    )
+
+
+def tensor_parallel_s(sh: Shapes, k: Mapping[str, Array]) -> tuple[Array, Array]:
+    """Seconds of one layer's tensor-parallel collectives for one micro-batch: those of the
+    forward pass, and all of them (forward, backward and those recomputation repeats)."""
+    T, h, t = sh.tokens, sh.hidden, sh.tp
     # Tensor parallelism: two all-reduces of the T×h activations forward and two backward.
     # Sequence parallelism swaps each all-reduce for an all-gather + reduce-scatter pair of
     # the same volume, and its backward gathers each block's input once more for the weight
@@ -152,19 +241,17 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     tp_collective_s = np.where(t > 1, 2 * (t - 1) / t * 2.0 * T * h / tp_bandwidth, 0.0)
     tp_fwd_s = 2 * tp_collective_s
     tp_bwd_s = tp_fwd_s * np.where(sh.sequence_parallel, 1.5, 1.0)
+    # Recomputation repeats forward collectives: all of them (full), or the MLP's half.
+    full, _, mlp_recompute = _recompute_kinds(sh)
+    tp_comm_s = tp_fwd_s + tp_bwd_s + tp_fwd_s * np.select(
+        [full, mlp_recompute], [1.0, 0.5], default=0.0)
+    return tp_fwd_s, tp_comm_s
 
-    # Recomputation repeats forward work before the backward pass.
-    attention_fwd_s = (score_flops / attention_rate
-                       + score_traffic / (1 + BACKWARD_TRAFFIC) / bandwidth)
-    forward_compute_s = attn_gemm_fwd_s + mlp_gemm_fwd_s + attention_fwd_s + elementwise_fwd_s
-    full = sh.is_recompute("full")
-    mlp_recompute = sh.is_recompute("mlp")
-    recomputes = [full, sh.is_recompute("selective"), mlp_recompute]
-    recompute_layer_s = np.select(
-        recomputes,
-        [forward_compute_s, attention_fwd_s, mlp_gemm_fwd_s + mlp_traffic / bandwidth],
-        default=0.0,
-    )
+
+def kernel_launches(sh: Shapes) -> tuple[Array, Array]:
+    """Kernels one layer launches for one micro-batch: in its forward pass, and in all
+    (forward, backward and recomputation)."""
+    t = sh.tp
     # Launch overhead: the backward pass launches about twice the forward kernels;
     # recomputation launches the recomputed part's kernels again.
     attention_kernels = sh.per_attention(ATTENTION_KERNELS)
@@ -177,9 +264,15 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     # SP, FC1's all-gather and FC2's reduce-scatter).
     mlp_collectives = np.where(t > 1, np.where(sh.sequence_parallel, 2.0, 1.0), 0.0)
     recompute_kernels = np.select(
-        recomputes, [forward_kernels, attention_kernels, 3.0 + mlp_collectives], default=0.0)
-    kernels = passes * forward_kernels + recompute_kernels
+        _recompute_kinds(sh), [forward_kernels, attention_kernels, 3.0 + mlp_collectives],
+        default=0.0)
+    return forward_kernels, FORWARD_AND_BACKWARD * forward_kernels + recompute_kernels
 
+
+def context_parallel_exposed_s(sh: Shapes, k: Mapping[str, Array], attention_s: Array) -> Array:
+    """Seconds of one layer's context-parallel ring transfers for one micro-batch that its
+    attention (`attention_s`, forward + backward) does not hide."""
+    T, t, cp = sh.tokens, sh.tp, sh.cp
     # Context parallelism passes each rank's K and V chunk around a ring (cp-1 steps) forward,
     # and K, V and their gradients backward; the transfers overlap the attention kernels
     # (Megatron/Transformer Engine ring attention), so only the excess is exposed.
@@ -187,20 +280,27 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     # Engine's AttnFuncWithCPAndKVP2P: send_dst = cp_global_ranks[(rank + 1) % cp_size]):
     # where the ring leaves a node, that hop runs over the sending GPU's one NIC however many
     # CP ranks share the node, and it paces every step, as a pipeline hop does.
-    cp = sh.cp
     kv_bytes = 2 * 2.0 * T * sh.kv_width / t  # K and V of the local chunk, bf16
     ring_in_node = stays_in_node(cp, t, sh.gpus_per_node, sh.num_gpus)
     cp_bandwidth = _link_bandwidth(sh, k, ring_in_node, np.ones_like(t))
     cp_transfer_s = (cp - 1) * kv_bytes * (1 + 2) / cp_bandwidth  # forward + backward
-    cp_exposed_s = np.where(cp > 1, np.maximum(0.0, cp_transfer_s - attention_s), 0.0)
+    return np.where(cp > 1, np.maximum(0.0, cp_transfer_s - attention_s), 0.0)
 
+
+def logits_s(sh: Shapes, k: Mapping[str, Array]) -> Array:
+    """Seconds of the output layer and the loss for one micro-batch, forward + backward."""
+    T, h, t = sh.tokens, sh.hidden, sh.tp
     # The last stage also runs the output layer and the loss (the slowest stage). The loss
     # works on 1/tp of the vocabulary when it is vocabulary-parallel, else on all of it.
     logits_flops = 2 * T * h * sh.vocab / t
     vocab_share = np.where(k["logits_sharded_by_tp"] > 0, 1.0 / t, 1.0)
-    logits = (passes * logits_flops / gemm_rate
-              + LOSS_TRAFFIC * T * sh.vocab * vocab_share / bandwidth)
+    gemm_rate = sh.peak_flops * k["gemm_efficiency"]
+    return (FORWARD_AND_BACKWARD * logits_flops / gemm_rate
+            + LOSS_TRAFFIC * T * sh.vocab * vocab_share / _memory_rate(sh, k))
 
+
+def pipeline_p2p_s(sh: Shapes, k: Mapping[str, Array]) -> Array:
+    """Seconds a stage spends sending and receiving across its boundaries, per micro-batch."""
     # Pipeline: activations cross each stage boundary forward and their gradients backward;
     # neighbouring stages sit tp·cp·dp ranks apart, on another node beyond gpus_per_node.
     # Each TP rank sends its 1/tp slice (legacy Megatron-LM's scatter-gather, or the SP
@@ -213,42 +313,47 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     # et al. 2021, §2.2: "the amount of communication also increases by v").
     # A pipeline over more than one node has a hop across a node boundary (stages are
     # blocks of tp·cp·dp consecutive ranks), which paces it: one rank each side, one NIC.
-    p2p_bytes = 2.0 * T * h / t
+    t = sh.tp
+    p2p_bytes = 2.0 * sh.tokens * sh.hidden / t
     pair = _link_bandwidth(sh, k, sh.num_gpus <= sh.gpus_per_node, np.ones_like(t))
-    pp_comm_mb = np.where(sh.pp > 1, sh.vp * 2 * p2p_bytes / pair, 0.0)
+    return np.where(sh.pp > 1, sh.vp * 2 * p2p_bytes / pair, 0.0)
 
+
+def slowest_stage(sh: Shapes, layer_s: Array, logits: Array) -> tuple[Array, Array]:
+    """The layers and the output layer's seconds (`logits`, or 0) of the pipeline stage
+    that takes longest per micro-batch, given one layer's seconds `layer_s`."""
     # The slowest stage paces the pipeline: the first, a middle or the last stage (with the
-    # output layer and loss), their layers split as layoutsearch.pipeline says. The
-    # recomputed forward's collectives are counted with the communication (tp_comm).
-    per_layer = {
-        "gemm": passes * (attn_gemm_fwd_s + mlp_gemm_fwd_s),
-        "attention": attention_s,
-        "elementwise": (1 + BACKWARD_TRAFFIC) * elementwise_fwd_s,
-        "recompute": recompute_layer_s,
-        # Recomputation repeats forward collectives: all of them (full), or the MLP's half.
-        "tp_comm": tp_fwd_s + tp_bwd_s + tp_fwd_s * np.select(
-            [full, mlp_recompute], [1.0, 0.5], default=0.0),
-        "cp_comm": cp_exposed_s,
-        "overhead": kernels * k["kernel_overhead_s"],
-    }
-    layer_s = sum(per_layer.values())
+    # output layer and loss), their layers split as layoutsearch.pipeline says.
     stage_s = sh.stage_layers * layer_s
     stage_s[2] += logits
     slowest = np.argmax(stage_s, axis=0)
     rows = np.arange(len(slowest))
-    stage_layers = sh.stage_layers[slowest, rows]
-    stage_logits = np.where(slowest == 2, logits, 0.0)
-    mean_stage_mb = (sh.num_layers * layer_s + logits) / sh.pp
-    m = sh.micro_batches
-    # 1F1B fill and drain: (pp-1)/vp stage times of the average stage (Narayanan et al. 2021).
-    bubble = (sh.pp - 1) / sh.vp * mean_stage_mb
+    return sh.stage_layers[slowest, rows], np.where(slowest == 2, logits, 0.0)
 
+
+def bubble_s(sh: Shapes, layer_s: Array, logits: Array) -> Array:
+    """Seconds of the pipeline's fill and drain in one step."""
+    mean_stage_mb = (sh.num_layers * layer_s + logits) / sh.pp
+    # 1F1B fill and drain: (pp-1)/vp stage times of the average stage (Narayanan et al. 2021).
+    return (sh.pp - 1) / sh.vp * mean_stage_mb
+
+
+def _gradient_ranks(sh: Shapes) -> Array:
+    """Ranks that reduce the gradients together: Megatron reduces over the data- and
+    context-parallel ranks together (its dp-cp group), dp·cp ranks, tp apart."""
+    return sh.dp * sh.cp
+
+
+def data_parallel_exposed_s(sh: Shapes, k: Mapping[str, Array], stage_layers: Array,
+                            layer_s: Array, forward_layer_s: Array) -> Array:
+    """Seconds of one step's data-parallel communication that compute does not hide, on the
+    slowest stage (`stage_layers` layers of `layer_s` seconds per micro-batch, of which
+    `forward_layer_s` forward)."""
     # Data parallelism: reduce-scatter the gradients and all-gather the updated bf16 weights
-    # (distributed optimizer), or all-reduce the gradients. Megatron reduces over the
-    # data- and context-parallel ranks together (its dp-cp group): dp·cp ranks, tp apart.
-    d = sh.dp * cp
+    # (distributed optimizer), or all-reduce the gradients.
+    d = _gradient_ranks(sh)
     P = sh.params_per_gpu
-    dp_bandwidth = _bus_bandwidth(sh, k, d, t)
+    dp_bandwidth = _bus_bandwidth(sh, k, d, sh.tp)
     gradient_s = np.where(sh.distributed_optimizer, 1.0, 2.0) * (
         (d - 1) / d * P * k["gradient_bytes"] / dp_bandwidth)
     gather_s = np.where(sh.distributed_optimizer, (d - 1) / d * P * 2.0 / dp_bandwidth, 0.0)
@@ -259,8 +364,7 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     # never less than the last chunk, about one layer's share (NeMo's communication-overlap
     # guide: "exposes only one DP communication chunk"). Left out: compute slowed by the
     # NCCL kernels it runs beside, and the longer windows of stages that finish early.
-    forward_window = stage_layers * (
-        forward_compute_s + tp_fwd_s + forward_kernels * k["kernel_overhead_s"])
+    forward_window = stage_layers * forward_layer_s
     backward_window = stage_layers * layer_s - forward_window
     last_chunk = 1.0 / np.maximum(stage_layers, 1.0)
     overlap = sh.overlap_grad_reduce
@@ -268,16 +372,47 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
         overlap, np.maximum(gradient_s - backward_window, gradient_s * last_chunk), gradient_s)
     exposed_gather_s = np.where(
         overlap, np.maximum(gather_s - forward_window, gather_s * last_chunk), gather_s)
-    dp_comm = k["dp_comm_exposed"] * (exposed_gradient_s + exposed_gather_s)
-    shard = P / np.where(sh.distributed_optimizer, d, 1.0)
-    optimizer = (OPTIMIZER_STATE_TRAFFIC + k["gradient_bytes"]) * shard / bandwidth
+    return k["dp_comm_exposed"] * (exposed_gradient_s + exposed_gather_s)
 
+
+def optimizer_step_s(sh: Shapes, k: Mapping[str, Array]) -> Array:
+    """Seconds of the optimizer step: Adam over the local shard of the parameters (all of
+    them without the distributed optimizer)."""
+    shard = sh.params_per_gpu / np.where(sh.distributed_optimizer, _gradient_ranks(sh), 1.0)
+    return (OPTIMIZER_STATE_TRAFFIC + k["gradient_bytes"]) * shard / _memory_rate(sh, k)
+
+
+def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
+    """Seconds per optimizer step by component; the components sum to the step time.
+
+    A layer's parts for one micro-batch, times the slowest stage's layers and the
+    micro-batches, plus that stage's output layer, the stage-boundary sends, the bubble,
+    the exposed data-parallel communication and the optimizer step.
+    """
+    compute = layer_compute(sh, k)
+    tp_fwd_s, tp_comm_s = tensor_parallel_s(sh, k)
+    forward_kernels, kernels = kernel_launches(sh)
+    # The recomputed forward's collectives are counted with the communication (tp_comm).
+    per_layer = {
+        "gemm": compute.gemm_s,
+        "attention": compute.attention_s,
+        "elementwise": compute.elementwise_s,
+        "recompute": recompute_s(sh, compute),
+        "tp_comm": tp_comm_s,
+        "cp_comm": context_parallel_exposed_s(sh, k, compute.attention_s),
+        "overhead": kernels * k["kernel_overhead_s"],
+    }
+    layer_s = sum(per_layer.values())
+    logits = logits_s(sh, k)
+    stage_layers, stage_logits = slowest_stage(sh, layer_s, logits)
+    forward_layer_s = compute.forward_s + tp_fwd_s + forward_kernels * k["kernel_overhead_s"]
+    m = sh.micro_batches
     parts = {name: m * stage_layers * value for name, value in per_layer.items()}
     return {
         **parts,
         "logits": m * stage_logits,
-        "pp_comm": m * pp_comm_mb,
-        "bubble": bubble,
-        "dp_comm": dp_comm,
-        "optimizer": optimizer,
+        "pp_comm": m * pipeline_p2p_s(sh, k),
+        "bubble": bubble_s(sh, layer_s, logits),
+        "dp_comm": data_parallel_exposed_s(sh, k, stage_layers, layer_s, forward_layer_s),
+        "optimizer": optimizer_step_s(sh, k),
     }
