@@ -211,42 +211,56 @@ def pipeline_stage_layers(a: argparse.Namespace) -> list[int]:
     return stages
 
 
-def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
-            ) -> list[tuple[bool, str, str, str]]:
-    """(broken, rule, message, severity) for every rule; `a` is the parsed argv."""
-    tp, pp, cp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, \
-        a.context_parallel_size
-    first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
-    uneven = first is not None or last is not None
-    middle_layers, middle_stages = _split(a)
-    middle_broken = uneven and middle_stages > 0 and middle_layers % middle_stages != 0
-    stages = pipeline_stage_layers(a)
-    model_parallel = tp * pp * cp
-    dp = world // model_parallel if model_parallel and world % model_parallel == 0 else 0
-    mb, gbs, layers = a.micro_batch_size or 0, a.global_batch_size or 0, a.num_layers or 0
-    heads = a.num_attention_heads or 0
-    groups = a.num_query_groups if a.group_query_attention else heads
-    micro_batches = gbs // (mb * dp) if mb and dp else 0
-    per_stage = layers // pp if pp else 0
-    largest_stage = max(stages, default=0)
-    vstage = a.num_layers_per_virtual_pipeline_stage
-    granularity = a.recompute_granularity
-    local = a.transformer_impl == "local"
-    nvte_conflicts = [f"{name}={env[name]}"
-                      for name, value in NVTE_ATTENTION[a.attention_backend].items()
-                      if name in env and env[name] != value]
+Check = tuple[bool, str, str, str]
+"""(broken, rule, message, severity) of one rule."""
+
+
+def _model_parallel(a: argparse.Namespace) -> int:
+    """Ranks of one model replica: tp·pp·cp."""
+    return a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size
+
+
+def _data_parallel(a: argparse.Namespace, world: int) -> int:
+    """Data-parallel ranks: the world over tp·pp·cp (0 where that does not divide it)."""
+    model_parallel = _model_parallel(a)
+    return world // model_parallel if model_parallel and world % model_parallel == 0 else 0
+
+
+def _size_checks(a: argparse.Namespace, world: int) -> list[Check]:
+    """The parallel sizes against the world, the required sizes, the global batch."""
+    model_parallel = _model_parallel(a)
+    dp = _data_parallel(a, world)
+    mb, gbs = a.micro_batch_size or 0, a.global_batch_size or 0
     return [
         # validate_args: "world size is not divisible by total_model_size".
         (world % model_parallel != 0, "world_size",
          f"world size {world} must divide by tp·pp·cp = {model_parallel}", "error"),
         # validate_args: required_args; and --micro-batch-size > 0.
-        (not all([layers, a.hidden_size, heads, a.max_position_embeddings, mb]),
+        (not all([a.num_layers, a.hidden_size, a.num_attention_heads,
+                  a.max_position_embeddings, mb]),
          "required_args", "--num-layers, --hidden-size, --num-attention-heads, "
          "--max-position-embeddings and --micro-batch-size are required", "error"),
         # megatron/core/num_microbatches_calculator.py: global batch size is not divisible
         # by micro batch size times data parallel size.
         (bool(dp) and (not gbs or gbs % (mb * dp) != 0), "global_batch",
          f"global batch {gbs} must divide by micro-batch {mb} × dp {dp}", "error"),
+    ]
+
+
+def _pipeline_checks(a: argparse.Namespace, world: int) -> list[Check]:
+    """How the layers split over pipeline stages, evenly, unevenly or interleaved."""
+    pp = a.pipeline_model_parallel_size
+    first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
+    uneven = first is not None or last is not None
+    middle_layers, middle_stages = _split(a)
+    middle_broken = uneven and middle_stages > 0 and middle_layers % middle_stages != 0
+    stages = pipeline_stage_layers(a)
+    dp = _data_parallel(a, world)
+    mb, gbs, layers = a.micro_batch_size or 0, a.global_batch_size or 0, a.num_layers or 0
+    micro_batches = gbs // (mb * dp) if mb and dp else 0
+    per_stage = layers // pp if pp else 0
+    vstage = a.num_layers_per_virtual_pipeline_stage
+    return [
         # validate_args: "Number of layers should be divisible by the pipeline-model-parallel
         # size" unless --decoder-first/last-pipeline-num-layers split the stages unevenly
         # (asserted on both the interleaved and the plain branch); with interleaving, layers
@@ -289,6 +303,15 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
         # micro-batches must divide by pp.
         (vstage is not None and pp > 1 and micro_batches % pp != 0, "interleaving_micro_batches",
          f"{micro_batches} micro-batches must divide by pp {pp} with interleaving", "error"),
+    ]
+
+
+def _attention_head_checks(a: argparse.Namespace) -> list[Check]:
+    """Attention heads and query groups against tensor parallelism and the hidden size."""
+    tp = a.tensor_model_parallel_size
+    heads = a.num_attention_heads or 0
+    groups = a.num_query_groups if a.group_query_attention else heads
+    return [
         # TransformerConfig.__post_init__: heads and query groups split over TP ranks.
         (heads % tp != 0, "heads_per_tp",
          f"num_attention_heads ({heads}) must be a multiple of tensor_model_parallel_size ({tp})",
@@ -301,6 +324,14 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
         # validate_args: kv_channels = hidden_size // heads needs hidden % heads == 0.
         (bool(heads) and (a.hidden_size or 0) % heads != 0, "kv_channels",
          f"--hidden-size {a.hidden_size} must divide by heads {heads}", "error"),
+    ]
+
+
+def _sequence_checks(a: argparse.Namespace) -> list[Check]:
+    """The sequence against context parallelism and the position embeddings, and sequence
+    parallelism against tensor parallelism."""
+    cp = a.context_parallel_size
+    return [
         # validate_args: "seq-length should be a multiple of 2 * context-parallel-size".
         (cp > 1 and (a.seq_length or 0) % (2 * cp) != 0, "context_parallel_seq",
          f"--seq-length {a.seq_length} must divide by 2·cp = {2 * cp}", "error"),
@@ -308,15 +339,23 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
         ((a.max_position_embeddings or 0) < (a.seq_length or 0), "max_position_embeddings",
          f"--max-position-embeddings {a.max_position_embeddings} < --seq-length "
          f"{a.seq_length}", "error"),
-        # validate_args: "Disabling sequence parallelism because tensor model parallelism is
-        # disabled" (a warning; SP is switched off).
         # validate_args: "--no-position-embedding is deprecated, use
         # --position-embedding-type" (a RuntimeError unless the type is rope).
         (not a.add_position_embedding and a.position_embedding_type != "rope",
          "no_position_embedding", "--no-position-embedding is deprecated (Megatron-LM stops); "
          "use --position-embedding-type", "error"),
-        (a.sequence_parallel and tp == 1, "sequence_parallel_needs_tp",
+        # validate_args: "Disabling sequence parallelism because tensor model parallelism is
+        # disabled" (a warning; SP is switched off).
+        (a.sequence_parallel and a.tensor_model_parallel_size == 1, "sequence_parallel_needs_tp",
          "--sequence-parallel at tp 1 is switched off by Megatron-LM", "warning"),
+    ]
+
+
+def _recompute_checks(a: argparse.Namespace) -> list[Check]:
+    """Activation recomputation: granularity, method, layer count and modules."""
+    granularity = a.recompute_granularity
+    largest_stage = max(pipeline_stage_layers(a), default=0)
+    return [
         # TransformerConfig.__post_init__ (recompute): full needs a method and a layer count
         # between 1 and the layers per pipeline rank; selective takes neither.
         (granularity == "full" and a.recompute_method is None, "recompute_method",
@@ -334,6 +373,12 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
          "--recompute-num-layers", "error"),
         (any(m not in RECOMPUTE_MODULES for m in a.recompute_modules or []), "recompute_modules",
          f"--recompute-modules must be among {', '.join(RECOMPUTE_MODULES)}", "error"),
+    ]
+
+
+def _training_checks(a: argparse.Namespace) -> list[Check]:
+    """Optimizer overlap, precision, learning rate, data source and tokenizer."""
+    return [
         # validate_args: --overlap-param-gather needs the distributed optimizer and
         # --overlap-grad-reduce.
         (a.overlap_param_gather and not (a.use_distributed_optimizer and a.overlap_grad_reduce),
@@ -349,6 +394,17 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
         # megatron/training/tokenizer: NullTokenizer is built from --vocab-size.
         (a.tokenizer_type == "NullTokenizer" and not a.vocab_size, "null_tokenizer_vocab",
          "NullTokenizer needs --vocab-size", "error"),
+    ]
+
+
+def _implementation_checks(a: argparse.Namespace, env: Mapping[str, str]) -> list[Check]:
+    """The layer implementation and attention backend, and the environment they need."""
+    tp, cp = a.tensor_model_parallel_size, a.context_parallel_size
+    local = a.transformer_impl == "local"
+    nvte_conflicts = [f"{name}={env[name]}"
+                      for name, value in NVTE_ATTENTION[a.attention_backend].items()
+                      if name in env and env[name] != value]
+    return [
         # megatron/core/transformer/dot_product_attention.py: "Context parallelism is only
         # supported by TEDotProductAttention!"; Transformer Engine turns its unfused
         # attention off under context parallelism (attention/dot_product_attention/utils.py).
@@ -382,10 +438,24 @@ def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int,
         ((tp > 1 or cp > 1) and env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1",
          "cuda_device_max_connections",
          "tensor or context parallelism needs CUDA_DEVICE_MAX_CONNECTIONS=1", "error"),
+    ]
+
+
+def _logging_checks(a: argparse.Namespace) -> list[Check]:
+    """What layoutsearch's log parser needs of the run."""
+    return [
         # The run must log what the parser reads: every iteration with its throughput.
         (a.log_interval != 1 or not a.log_throughput or not a.train_iters, "logging",
          "layoutsearch needs --train-iters, --log-interval 1 and --log-throughput", "error"),
     ]
+
+
+def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int) -> list[Check]:
+    """Every rule, group by group, in the order their problems are reported; `a` is the
+    parsed argv."""
+    return [*_size_checks(a, world), *_pipeline_checks(a, world), *_attention_head_checks(a),
+            *_sequence_checks(a), *_recompute_checks(a), *_training_checks(a),
+            *_implementation_checks(a, env), *_logging_checks(a)]
 
 
 def validate_argv(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
