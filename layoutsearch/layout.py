@@ -30,6 +30,12 @@ RECOMPUTE_KINDS = ("none", "selective", "mlp", "full")
 `mlp` = the MLP block only, `full` = every layer."""
 
 
+def plain_cell(value: Any) -> Any:
+    """A table cell as the plain Python value: a numpy scalar (np.int64(2), np.bool_(True),
+    np.float64(0.5), np.str_("flash2")) as its Python one, anything else as it is."""
+    return value.item() if hasattr(value, "item") else value
+
+
 
 def uses_transformer_engine(flash_attention: Any, rmsnorm_kernel: Any,
                             sequence_parallel: Any, tp: Any) -> Any:
@@ -108,8 +114,7 @@ class Layout:
         values: dict[str, Any] = {}
         for name in fields:
             if name in row and row[name] is not None:
-                value = row[name]
-                values[name] = value.item() if hasattr(value, "item") else value
+                values[name] = plain_cell(row[name])
         return cls(**values)
 
     def describe(self) -> str:

@@ -20,7 +20,12 @@ import numpy as np
 import pandas as pd
 
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
-from layoutsearch.layout import ATTENTION_KERNELS, DATA_PARALLEL_NO_OPS, RECOMPUTE_KINDS
+from layoutsearch.layout import (
+    ATTENTION_KERNELS,
+    DATA_PARALLEL_NO_OPS,
+    RECOMPUTE_KINDS,
+    plain_cell,
+)
 from layoutsearch.paths import option_files, read_yaml_mapping
 from layoutsearch.specs import Job
 
@@ -40,12 +45,9 @@ def space_names() -> list[str]:
 
 
 def _plain(value: Any) -> Any:
-    """A numpy integer or bool as the Python one (tp=np.int64(2) is tp=2)."""
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
+    """A numpy integer or bool as the Python one (tp=np.int64(2) is tp=2); any other value
+    as given (a rejected np.float64(2.0) is named as such)."""
+    return plain_cell(value) if isinstance(value, np.bool_ | np.integer) else value
 
 
 def _as_list(knob: str, values: Any) -> list[Any]:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from layoutsearch.layout import plain_cell
 from layoutsearch.measurements import (
     MEASUREMENT_KEY,
     OPTIONAL_DEFAULTS,
@@ -49,7 +50,7 @@ uniform with one layer a checkpoint (megatron/args.py), which their empty cells 
 def plain_value(value: Any) -> Any:
     """A cell as the plain Python value a CSV row reads back as: a numpy scalar as its
     Python one, a whole float as an int (2.0 is 2), anything else but int and str as text."""
-    value = value.item() if hasattr(value, "item") else value
+    value = plain_cell(value)
     if isinstance(value, bool | np.bool_):
         return bool(value)
     if isinstance(value, float) and value.is_integer():

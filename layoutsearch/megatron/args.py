@@ -21,7 +21,7 @@ import pandas as pd
 
 from layoutsearch.costs.constants import load_constants
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.layout import FLASH_ATTENTION, Layout, uses_transformer_engine
+from layoutsearch.layout import FLASH_ATTENTION, Layout, plain_cell, uses_transformer_engine
 from layoutsearch.megatron.settings import MegatronSettings
 from layoutsearch.pipeline import stage_layers
 from layoutsearch.rules import FUSED_SOFTMAX_SHAPE, fused_softmax_takes
@@ -311,11 +311,6 @@ def build_command(layout: Layout, job: Job,
     )
 
 
-def _cell(value: Any) -> Any:
-    """A table cell as the plain Python value a ModelSpec field takes."""
-    return value.item() if hasattr(value, "item") else value
-
-
 def job_of_row(row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec]) -> Job:
     """The job of a candidate or measurement-schema row (its model, GPUs and batch)."""
     gpu = str(row["gpu"])
@@ -337,7 +332,7 @@ def job_of_row(row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec]) -> J
         untie_embeddings=bool(row["untie_embeddings"]),
         normalization=str(row.get("normalization", "RMSNorm")),
         # A measurement file's rows lack these: the ModelSpec defaults (a LLaMA block).
-        **{name: _cell(row[name]) for name in COMMAND_FIELDS
+        **{name: plain_cell(row[name]) for name in COMMAND_FIELDS
            if name in row and not pd.isna(row[name])},
     )
     cluster = clusters[gpu]
