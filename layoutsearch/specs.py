@@ -85,8 +85,6 @@ def _require_positive_number(owner: str, name: str, value: Any) -> None:
 
 
 Spec = TypeVar("Spec", "ModelSpec", "ClusterSpec")
-
-
 def _replace(spec: Spec, kind: str, changes: dict[str, Any]) -> Spec:
     valid = {f.name for f in dataclasses.fields(spec)}
     for key in changes:
@@ -95,6 +93,20 @@ def _replace(spec: Spec, kind: str, changes: dict[str, Any]) -> Spec:
                 f"{kind} has no field {key!r}; fields: {', '.join(sorted(valid))}"
             )
     return dataclasses.replace(spec, **changes)
+
+
+Count = TypeVar("Count", float, np.ndarray)
+
+
+def paper_flops_per_token(num_parameters: Count, num_layers: Count, hidden_size: Count,
+                          seq_length: Count) -> Count:
+    """Model FLOPs per trained token, forward and backward: 6N + 12·L·h·s, of one model
+    (numbers) or of every row of a table (arrays).
+
+    Hagemann et al. 2023 after PaLM (Chowdhery et al. 2022, appendix B); this is the
+    numerator of the study's MFU. Recomputation is not counted (that would be HFU).
+    """
+    return 6.0 * num_parameters + 12.0 * num_layers * hidden_size * seq_length
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -217,12 +229,10 @@ class ModelSpec:
         return self.num_layers * self.layer_parameters() + self.embedding_parameters() + final_norm
 
     def paper_flops_per_token(self, seq_length: int) -> float:
-        """Model FLOPs per trained token, forward and backward: 6N + 12·L·h·s.
-
-        Hagemann et al. 2023 after PaLM (Chowdhery et al. 2022, appendix B); this is the
-        numerator of the study's MFU. Recomputation is not counted (that would be HFU).
-        """
-        return 6.0 * self.num_parameters() + 12.0 * self.num_layers * self.hidden_size * seq_length
+        """Model FLOPs per trained token, forward and backward: 6N + 12·L·h·s (the module's
+        `paper_flops_per_token`)."""
+        return paper_flops_per_token(self.num_parameters(), self.num_layers, self.hidden_size,
+                                     seq_length)
 
     def megatron_flops_per_token(self, seq_length: int, *, causal_halving: bool = True) -> float:
         """Megatron-LM's `num_floating_point_operations` divided by the tokens of the batch.

@@ -25,7 +25,7 @@ from layoutsearch.layout import (
     uses_transformer_engine,
 )
 from layoutsearch.pipeline import stage_split
-from layoutsearch.specs import ClusterSpec
+from layoutsearch.specs import ClusterSpec, paper_flops_per_token
 
 VOCAB_DIVISIBLE_BY = 128
 """Megatron-LM's --make-vocab-size-divisible-by default: the vocabulary is padded to a
@@ -223,7 +223,8 @@ class Shapes:
     def mfu(self, step_time_s: Array) -> Array:
         """The study's MFU of a step of `step_time_s` seconds (Hagemann et al. 2023, after
         PaLM): tokens/s x (6N + 12·L·h·s) FLOPs per token over the GPUs' dense peak."""
-        flops_per_token = 6 * self.num_parameters + 12 * self.num_layers * self.hidden * self.seq
+        flops_per_token = paper_flops_per_token(self.num_parameters, self.num_layers,
+                                                self.hidden, self.seq)
         tokens_per_step = self.global_batch * self.seq
         return tokens_per_step * flops_per_token / (step_time_s * self.num_gpus * self.peak_flops)
 
