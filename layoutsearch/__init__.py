@@ -17,12 +17,12 @@ from layoutsearch.costs import AnalyticCostModel, CostModel, build_cost_model
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.measurements import read_measurements
-from layoutsearch.results import job_of
+from layoutsearch.results import TOP_K, job_of
 from layoutsearch.space import SearchSpace
 from layoutsearch.specs import ClusterSpec, GPUSpec, Job, ModelSpec
 
 
-def report(result: DataFrame, out_dir: str | Path | None = None, *, top_k: int = 10) -> Path:
+def report(result: DataFrame, out_dir: str | Path | None = None, *, top_k: int = TOP_K) -> Path:
     """Write `report.md` and its figures for a `search` result (see `reporting.report`).
 
     Imported on first use: the plotting stack costs a quarter of a second that a search in

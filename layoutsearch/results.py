@@ -22,6 +22,10 @@ RESULT_COLUMNS = (
     "fits", "reason",
 )
 
+TOP_K = 10
+"""Rows of a ranking a report shows unless told otherwise: `layoutsearch.report()`, the
+report.md table and the command line's printed summary (whose config sets `top_k: 10`)."""
+
 
 COMMAND_REJECTED = "Megatron-LM would reject its command with the settings' extra flags: "
 """How `reason` starts for a layout the cost model found to fit whose command Megatron-LM

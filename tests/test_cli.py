@@ -37,7 +37,7 @@ from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.paths import config_dir
 from layoutsearch.reporting.sweep import SWEEPS_UNDER_WAY, mark_sweep_end
-from layoutsearch.results import RESULT_COLUMNS
+from layoutsearch.results import RESULT_COLUMNS, TOP_K
 from layoutsearch.space import SearchSpace
 
 FAST = "search_spaces.tp=[1,2]"
@@ -486,6 +486,13 @@ def test_every_group_option_is_listed_by_name() -> None:
     assert {"paper", "default"} <= set(group_options("search_spaces"))
     assert "analytic" in group_options("cost_models")
     assert "grid" in group_options("driver")
+
+
+def test_the_command_line_prints_as_many_rows_as_a_report_shows() -> None:
+    # One default for both: results.TOP_K, which the command's config repeats as top_k.
+    with initialize_config_module(version_base="1.3", config_module="layoutsearch.conf"):
+        cfg = compose("layoutsearch")
+    assert cfg.top_k == TOP_K == 10
 
 
 def test_nothing_fits_prints_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

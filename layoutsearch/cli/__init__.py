@@ -64,7 +64,7 @@ from layoutsearch.reporting.sweep import (
     write_ranking,
     write_summary,
 )
-from layoutsearch.results import counts_line, grouped, job_of
+from layoutsearch.results import TOP_K, counts_line, grouped, job_of
 from layoutsearch.space import SearchSpace
 
 SUMMARY_COLUMNS = (*LAYOUT_COLUMNS, "mfu", "step_time_s", "peak_memory_gib", "headroom_gib",
@@ -96,7 +96,7 @@ def run(config: Mapping[str, Any], output_dir: Path,
     model = model_from_dict(config["model"])
     cluster = cluster_from_dict(config["cluster"])
     space = SearchSpace.from_dict(config["search_spaces"])
-    top_k = config.get("top_k", 10)
+    top_k = config.get("top_k", TOP_K)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise LayoutSearchError(f"top_k={top_k!r}: must be a positive integer (rows printed)")
     emit = config.get("emit")

@@ -14,9 +14,9 @@ import pandas as pd
 from layoutsearch.errors import LayoutSearchError, type_of
 from layoutsearch.paths import unwritable_folder
 from layoutsearch.reporting.explain import require_ranking
-from layoutsearch.reporting.markdown import TOP_K, write_report
+from layoutsearch.reporting.markdown import write_report
 from layoutsearch.reporting.study_rules import StudyCheck, check_study_rules
-from layoutsearch.results import job_of
+from layoutsearch.results import TOP_K, job_of
 
 DEFAULT_DIR = Path("layoutsearch-report")
 

@@ -25,10 +25,9 @@ from layoutsearch.reporting.explain import (
 )
 from layoutsearch.reporting.plots import BREAKDOWN, MFU_VS_MEMORY, TP_PP_HEATMAP, save_figures
 from layoutsearch.reporting.study_rules import StudyCheck, check_study_rules
-from layoutsearch.results import NOTED_FOR, counts_line, grouped, job_of, notes_key, rank
+from layoutsearch.results import NOTED_FOR, TOP_K, counts_line, grouped, job_of, notes_key, rank
 from layoutsearch.specs import Job
 
-TOP_K = 10
 SHOWN_KNOBS = tuple(k for k in LAYOUT_COLUMNS
                     if k not in ("cp", "vp", "distributed_optimizer", "overlap_grad_reduce"))
 """Knobs the top-k table shows; cp, vp, the optimizer sharding and the data-parallel overlap
