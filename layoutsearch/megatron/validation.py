@@ -242,7 +242,8 @@ def _size_checks(a: argparse.Namespace, world: int) -> list[Check]:
          "--max-position-embeddings and --micro-batch-size are required", "error"),
         # megatron/core/num_microbatches_calculator.py: global batch size is not divisible
         # by micro batch size times data parallel size.
-        (bool(dp) and (not gbs or gbs % (mb * dp) != 0), "global_batch",
+        # A micro-batch of 0 is required_args's to name (and would divide by zero here).
+        (bool(dp) and mb > 0 and (not gbs or gbs % (mb * dp) != 0), "global_batch",
          f"global batch {gbs} must divide by micro-batch {mb} × dp {dp}", "error"),
     ]
 

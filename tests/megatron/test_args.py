@@ -304,6 +304,7 @@ def test_validation_catches_each_rule(argv):
     assert "layers_per_stage" in _rules(_set(argv, "--pipeline-model-parallel-size", "16"),
                                         ENV, world=64)
     assert "global_batch" in _rules(_set(argv, "--global-batch-size", "100"), ENV)
+    assert _rules(_set(argv, "--micro-batch-size", "0"), ENV) == {"required_args"}
     assert "max_position_embeddings" in _rules(_set(argv, "--seq-length", "4096"), ENV)
     vp_at_pp1 = [*_set(argv, "--pipeline-model-parallel-size", "1"),
                  "--num-layers-per-virtual-pipeline-stage", "10"]
