@@ -1,5 +1,6 @@
-"""Shared fixtures: one valid measurement-schema row, one-row candidate tables, and the step
-time an MFU stands for; files the tests write are not flushed to the disk."""
+"""Shared fixtures: one valid measurement-schema row, one-row candidate tables, the step
+time an MFU stands for, and the `layoutsearch` command run in this process; files the tests
+write are not flushed to the disk."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from layoutsearch.costs.shapes import Shapes
 from layoutsearch.layout import Layout
 from layoutsearch.measurements import OPTIONAL_DEFAULTS
 from layoutsearch.specs import Job, ModelSpec
+from tests.commands import Command, command_in_this_process
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -92,3 +94,10 @@ def step_time_for() -> Callable[[dict[str, Any], float], float]:
         return float(at_one_second[0]) / mfu
 
     return step_time
+
+
+@pytest.fixture
+def layoutsearch(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> Command:
+    """`layoutsearch("num_gpus=64", cwd=tmp_path)`: the `layoutsearch` command run in this
+    process (tests/commands.py)."""
+    return command_in_this_process(monkeypatch, capfd)

@@ -1,8 +1,9 @@
 """The `layoutsearch` command: outputs, overrides, multirun, user mistakes (exit 2) and jobs
 that nothing fits (exit 3).
 
-Most tests run the command in a subprocess, as a user would; the space is pinned to
-tp in {1, 2} to keep each run well under a second.
+Most tests run the command's entry point in this process (the `layoutsearch` fixture,
+tests/commands.py); the first, and those that press Ctrl-C, run it as a process of its own,
+as a user does. The space is pinned to tp in {1, 2} to keep each run well under a second.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ from layoutsearch.paths import config_dir
 from layoutsearch.reporting.sweep import SWEEPS_UNDER_WAY, mark_sweep_end
 from layoutsearch.results import RESULT_COLUMNS, TOP_K
 from layoutsearch.space import SearchSpace
+from tests.commands import Command
 
 FAST = "search_spaces.tp=[1,2]"
 
 
-def layoutsearch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def in_a_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`layoutsearch *args` run from `cwd` as a process of its own, as a user runs it."""
     return subprocess.run(
         [sys.executable, "-m", "layoutsearch.cli", *args],
         cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
@@ -61,7 +64,7 @@ def shell_words(out: str, header: str) -> list[str]:
 
 
 def test_run_writes_the_same_ranking_as_the_python_api(tmp_path: Path) -> None:
-    done = layoutsearch(
+    done = in_a_process(
         "model=llama_13b", "model.vocab_size=128000", "num_gpus=64", FAST, "top_k=3",
         f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
     )
@@ -96,7 +99,8 @@ def test_run_writes_the_same_ranking_as_the_python_api(tmp_path: Path) -> None:
     assert out.index("best layout, memory") < out.index("best layout's command")
 
 
-def test_a_one_node_jobs_best_command_is_its_torchrun_line(tmp_path: Path) -> None:
+def test_a_one_node_jobs_best_command_is_its_torchrun_line(
+        tmp_path: Path, layoutsearch: Command) -> None:
     run_dir = tmp_path / "run"
     done = layoutsearch("num_gpus=8", "global_batch_size=64", "search_spaces.tp=[2]",
                         "search_spaces.pp=[1,2]", "emit=megatron", "top_k=1",
@@ -118,7 +122,8 @@ def test_a_one_node_jobs_best_command_is_its_torchrun_line(tmp_path: Path) -> No
     assert argv[pretrain + 1:] == shlex.split(best_args)
 
 
-def test_multirun_runs_every_job_and_model_overrides_change_the_result(tmp_path: Path) -> None:
+def test_multirun_runs_every_job_and_model_overrides_change_the_result(
+        tmp_path: Path, layoutsearch: Command) -> None:
     done = layoutsearch(
         "--multirun", "model.vocab_size=32000,128000", FAST,
         f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path,
@@ -137,7 +142,8 @@ def test_multirun_runs_every_job_and_model_overrides_change_the_result(tmp_path:
     assert (both["peak_memory_gib_large"] > both["peak_memory_gib_small"]).all()
 
 
-def test_a_wrong_job_of_a_sweep_does_not_stop_the_others(tmp_path: Path) -> None:
+def test_a_wrong_job_of_a_sweep_does_not_stop_the_others(
+        tmp_path: Path, layoutsearch: Command) -> None:
     sweep = tmp_path / "sweep"
     done = layoutsearch("--multirun", "model=llama_7b,llama_13b", "num_gpus=12,64", FAST,
                         f"hydra.sweep.dir={sweep}", cwd=tmp_path)
@@ -154,7 +160,8 @@ def test_a_wrong_job_of_a_sweep_does_not_stop_the_others(tmp_path: Path) -> None
     assert table.loc[~failed, "mfu"].gt(0).all()
 
 
-def test_a_sweep_rerun_into_its_folder_summarizes_only_its_own_jobs(tmp_path: Path) -> None:
+def test_a_sweep_rerun_into_its_folder_summarizes_only_its_own_jobs(
+        tmp_path: Path, layoutsearch: Command) -> None:
     sweep = tmp_path / "sweep"
     first = layoutsearch("--multirun", "num_gpus=64,128", FAST, f"hydra.sweep.dir={sweep}",
                          cwd=tmp_path)
@@ -175,7 +182,8 @@ def test_a_sweep_rerun_into_its_folder_summarizes_only_its_own_jobs(tmp_path: Pa
     assert (sweep / "1" / "ranked.csv").is_file()  # the earlier job's outputs are kept
 
 
-def test_a_setting_that_cannot_be_resolved_exits_2_naming_it(tmp_path: Path) -> None:
+def test_a_setting_that_cannot_be_resolved_exits_2_naming_it(
+        tmp_path: Path, layoutsearch: Command) -> None:
     done = layoutsearch("global_batch_size=${seq_lenght}", FAST, f"hydra.run.dir={tmp_path}",
                         cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
@@ -183,7 +191,8 @@ def test_a_setting_that_cannot_be_resolved_exits_2_naming_it(tmp_path: Path) -> 
     assert "'seq_lenght' not found" in done.stderr
 
 
-def test_unknown_model_exits_2_naming_the_closest_match(tmp_path: Path) -> None:
+def test_unknown_model_exits_2_naming_the_closest_match(
+        tmp_path: Path, layoutsearch: Command) -> None:
     done = layoutsearch("model=llama13b", cwd=tmp_path)
     assert done.returncode == 2
     assert "did you mean 'llama_13b'" in done.stderr
@@ -191,7 +200,7 @@ def test_unknown_model_exits_2_naming_the_closest_match(tmp_path: Path) -> None:
     assert not (tmp_path / "outputs").exists()
 
 
-def test_bad_job_size_exits_2_with_the_rule(tmp_path: Path) -> None:
+def test_bad_job_size_exits_2_with_the_rule(tmp_path: Path, layoutsearch: Command) -> None:
     done = layoutsearch("num_gpus=63", FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 2
     # Named by the key typed: job.num_gpus=63 is no key of the command.
@@ -199,14 +208,15 @@ def test_bad_job_size_exits_2_with_the_rule(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
-def test_wrong_megatron_settings_fail_before_the_search(tmp_path: Path) -> None:
+def test_wrong_megatron_settings_fail_before_the_search(
+        tmp_path: Path, layoutsearch: Command) -> None:
     done = layoutsearch("megatron=megatrom", FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "unknown Megatron-LM settings 'megatrom'; did you mean 'megatron'?" in done.stderr
     assert not (tmp_path / "ranked.csv").exists()
 
 
-def test_help_lists_exactly_the_config_groups(tmp_path: Path) -> None:
+def test_help_lists_exactly_the_config_groups(tmp_path: Path, layoutsearch: Command) -> None:
     done = layoutsearch("--help", cwd=tmp_path)
     groups = done.stdout.split("== Configuration groups ==", 1)[1].split("==", 1)[0]
     listed = {line.split(":")[0] for line in groups.splitlines()[2:] if ":" in line}
@@ -255,7 +265,7 @@ def test_known_and_added_settings_pass_the_check() -> None:
                          "cost_models.megatron.log_dir=."])
 
 
-def test_hydra_config_groups_are_left_to_hydra(tmp_path: Path) -> None:
+def test_hydra_config_groups_are_left_to_hydra(tmp_path: Path, layoutsearch: Command) -> None:
     # Hydra's own groups (logging, launcher, sweeper) are chosen as `hydra/<group>=...`.
     check_group_choices(["hydra/job_logging=disabled", "hydra/hydra_logging=disabled",
                          "hydra/launcher=basic"])
@@ -272,8 +282,8 @@ def test_hydra_config_groups_are_left_to_hydra(tmp_path: Path) -> None:
     ("~num_gpus", "num_gpus: removed (~num_gpus) or never set, but every search needs it; "
                   "set it instead, e.g. num_gpus=<number>"),
 ])
-def test_a_removed_setting_every_search_needs_is_named(tmp_path: Path, removed: str,
-                                                      message: str) -> None:
+def test_a_removed_setting_every_search_needs_is_named(
+        tmp_path: Path, layoutsearch: Command, removed: str, message: str) -> None:
     done = layoutsearch(removed, FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert message in done.stderr
@@ -285,7 +295,7 @@ def test_a_removed_cost_model_offers_cost_models_only(tmp_path: Path) -> None:
     assert str(caught.value).endswith("options: analytic, analytic_prior, measured, replay")
 
 
-def test_an_added_model_field_lists_the_valid_ones(tmp_path: Path) -> None:
+def test_an_added_model_field_lists_the_valid_ones(tmp_path: Path, layoutsearch: Command) -> None:
     done = layoutsearch("+model.vocab=1", FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "unknown model field 'vocab'; did you mean 'vocab_size'?" in done.stderr
@@ -319,7 +329,7 @@ def test_override_syntax_and_a_sweep_without_multirun_are_user_errors() -> None:
     check_group_choices(["hydra.mode=MULTIRUN", "model=llama2_7b,llama3_8b"])
 
 
-def test_the_command_exits_2_on_override_syntax(tmp_path: Path) -> None:
+def test_the_command_exits_2_on_override_syntax(tmp_path: Path, layoutsearch: Command) -> None:
     done = layoutsearch("search_spaces.tp=[1,2", f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "search_spaces.tp=[1,2: no viable alternative" in done.stderr
@@ -352,7 +362,7 @@ def test_a_users_config_folder_adds_options_and_keeps_every_check(tmp_path: Path
     ("tp: [1, 2]\ntp: [4]\n", "found duplicate key tp"),
 ])
 def test_a_chosen_option_that_is_not_valid_yaml_is_named_with_its_line(
-        tmp_path: Path, text: str, rule: str) -> None:
+        tmp_path: Path, layoutsearch: Command, text: str, rule: str) -> None:
     folder = tmp_path / "my_configs"
     (folder / "search_spaces").mkdir(parents=True)
     (folder / "search_spaces" / "mine.yaml").write_text(text)
@@ -402,7 +412,7 @@ def test_a_setting_of_one_option_of_a_sweep_is_refused_before_any_job(drivers: s
     ("num_gpus=range(8,8)", "num_gpus=range(8,8): the sweep has no values, so no job would run"),
 ])
 def test_a_sweep_that_would_run_no_job_is_refused(sweep: str, message: str,
-                                                  tmp_path: Path) -> None:
+                                                  tmp_path: Path, layoutsearch: Command) -> None:
     # Hydra launches no job and exits 0, as if the sweep had run.
     with pytest.raises(LayoutSearchError, match=re.escape(message)):
         check_group_choices(["-m", sweep])
@@ -410,7 +420,8 @@ def test_a_sweep_that_would_run_no_job_is_refused(sweep: str, message: str,
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
 
 
-def test_a_mapping_set_on_a_group_is_no_sweep_that_matches_nothing(tmp_path: Path) -> None:
+def test_a_mapping_set_on_a_group_is_no_sweep_that_matches_nothing(
+        tmp_path: Path, layoutsearch: Command) -> None:
     # Hydra merges `model={...}` into the default option's config: it chooses no option,
     # and a job runs.
     argv = ["model={num_layers:48,hidden_size:6400}", FAST, f"hydra.run.dir={tmp_path}"]
@@ -440,7 +451,7 @@ def test_an_empty_group_choice_lists_the_options(override: str) -> None:
         check_group_choices([override])
 
 
-def test_spec_fields_the_yaml_leaves_out_can_be_set(tmp_path: Path) -> None:
+def test_spec_fields_the_yaml_leaves_out_can_be_set(tmp_path: Path, layoutsearch: Command) -> None:
     argv = ["-m", "model.position_embedding_type=rope", "model.num_layers=2", "top_k=1",
             "cluster.gpu.memory_gib=94", FAST]
     # Only the field the YAML leaves to the spec's default needs adding.
@@ -454,7 +465,7 @@ def test_spec_fields_the_yaml_leaves_out_can_be_set(tmp_path: Path) -> None:
 
 
 def test_a_setting_of_every_swept_option_is_set_though_the_default_option_lacks_it(
-        tmp_path: Path) -> None:
+        tmp_path: Path, layoutsearch: Command) -> None:
     # A multirun composes its own config from the default options (llama_13b, grid) with
     # the overrides that are no sweeps; struct mode would refuse the key there.
     folder = tmp_path / "conf"
@@ -509,7 +520,8 @@ def test_nothing_fits_prints_the_reason(tmp_path: Path, capsys: pytest.CaptureFi
     assert (tmp_path / "ranked.csv").is_file()
 
 
-def test_nothing_fits_exits_3_so_a_launch_script_stops(tmp_path: Path) -> None:
+def test_nothing_fits_exits_3_so_a_launch_script_stops(
+        tmp_path: Path, layoutsearch: Command) -> None:
     done = layoutsearch("model=llama_65b", "num_gpus=8", FAST, "emit=megatron",
                         f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert done.returncode == 3, done.stderr
@@ -525,14 +537,15 @@ def test_nothing_fits_exits_3_so_a_launch_script_stops(tmp_path: Path) -> None:
     ("cluster.gpu.name=b200", "cost model 'cost_models=analytic' has no constants for GPU "
                               "kind(s) b200"),
 ])
-def test_a_wrong_setting_value_is_named_without_a_traceback(tmp_path: Path, override: str,
-                                                              message: str) -> None:
+def test_a_wrong_setting_value_is_named_without_a_traceback(
+        tmp_path: Path, layoutsearch: Command, override: str, message: str) -> None:
     done = layoutsearch(override, FAST, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
 
 
-def test_a_sweep_with_a_job_that_fits_nowhere_exits_0(tmp_path: Path) -> None:
+def test_a_sweep_with_a_job_that_fits_nowhere_exits_0(
+        tmp_path: Path, layoutsearch: Command) -> None:
     done = layoutsearch("--multirun", "model=llama_65b", "num_gpus=8,128", FAST,
                         f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -559,7 +572,7 @@ def test_a_cost_model_without_breakdowns_says_so() -> None:
     assert "Empty DataFrame" not in text
 
 
-def test_a_dry_run_exits_0_with_its_scripts(tmp_path: Path) -> None:
+def test_a_dry_run_exits_0_with_its_scripts(tmp_path: Path, layoutsearch: Command) -> None:
     done = layoutsearch("cost_models=measured", "cost_models.prescreen=analytic",
                         "cost_models.top_k=1", "cost_models.launcher=dry_run", FAST,
                         "emit=megatron", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
@@ -616,26 +629,14 @@ def test_ctrl_c_during_a_sweep_summarizes_the_jobs_that_finished(tmp_path: Path)
     assert table.loc[1, "error"].startswith("interrupted (Ctrl-C) before this job finished")
 
 
-INTERRUPT_THE_REPORT = """
-import sys
-import layoutsearch.cli as cli
-
-def interrupt(*args, **kwargs):
-    raise KeyboardInterrupt
-
-cli.write_run_report = interrupt
-sys.argv = ["layoutsearch", *sys.argv[1:]]
-cli.main()
-"""
-
-
 def test_a_sweep_job_interrupted_after_its_ranking_says_the_ranking_is_whole(
-        tmp_path: Path) -> None:
+        tmp_path: Path, layoutsearch: Command, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupt(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("layoutsearch.cli.write_run_report", interrupt)
     sweep = tmp_path / "sweep"
-    done = subprocess.run(
-        [sys.executable, "-c", INTERRUPT_THE_REPORT, "--multirun", FAST,
-         f"hydra.sweep.dir={sweep}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    done = layoutsearch("--multirun", FAST, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert done.returncode == 130, done.stderr
     table = pd.read_csv(sweep / "multirun.csv")
     assert table.loc[0, "error"].startswith(
@@ -662,7 +663,8 @@ def test_a_ctrl_c_while_the_summary_is_written_leaves_it_to_be_written_again(
     mark_sweep_end()
 
 
-def test_relative_paths_mean_the_same_with_hydra_job_chdir(tmp_path: Path) -> None:
+def test_relative_paths_mean_the_same_with_hydra_job_chdir(
+        tmp_path: Path, layoutsearch: Command) -> None:
     # hydra.job.chdir=true starts the job in its output folder: a settings file named from
     # where the command ran must still be found there.
     shipped = config_dir("cost_models") / "megatron.yaml"
@@ -675,7 +677,8 @@ def test_relative_paths_mean_the_same_with_hydra_job_chdir(tmp_path: Path) -> No
     assert ranked.loc[0, "megatron_args"].endswith("--seed 99")
 
 
-def test_names_in_settings_are_found_in_the_users_config_folder(tmp_path: Path) -> None:
+def test_names_in_settings_are_found_in_the_users_config_folder(
+        tmp_path: Path, layoutsearch: Command) -> None:
     # Megatron-LM settings and a calibrated fit kept beside the user's own options.
     folder = tmp_path / "my_configs" / "cost_models"
     folder.mkdir(parents=True)
@@ -706,8 +709,8 @@ def test_names_in_settings_are_found_in_the_users_config_folder(tmp_path: Path) 
     assert "unknown Megatron-LM settings 'my_megatron'" in done.stderr
 
 
-def test_options_in_a_package_on_the_search_path_are_found(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_options_in_a_package_on_the_search_path_are_found(
+        tmp_path: Path, layoutsearch: Command, monkeypatch: pytest.MonkeyPatch) -> None:
     # hydra.searchpath=[pkg://my_project.conf]: a project's options shipped in its package.
     site = tmp_path / "site"
     folder = site / "my_project" / "conf" / "cost_models"
@@ -721,13 +724,11 @@ def test_options_in_a_package_on_the_search_path_are_found(tmp_path: Path,
     check_group_choices([searchpath, "cost_models=my_fit"])
     with pytest.raises(LayoutSearchError, match="did you mean 'my_fit'"):
         check_group_choices([searchpath, "cost_models=my_fi"])
-    done = subprocess.run(
-        [sys.executable, "-m", "layoutsearch.cli", searchpath, "cost_models=measured",
-         "cost_models.megatron=my_megatron", "cost_models.launcher=dry_run",
-         "cost_models.top_k=1", "cost_models.prescreen=my_fit", "model=llama_7b",
-         "num_gpus=8", "global_batch_size=64", FAST, f"hydra.run.dir={tmp_path / 'out'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-        env={**os.environ, "PYTHONPATH": str(site)})
+    done = layoutsearch(
+        searchpath, "cost_models=measured", "cost_models.megatron=my_megatron",
+        "cost_models.launcher=dry_run", "cost_models.top_k=1", "cost_models.prescreen=my_fit",
+        "model=llama_7b", "num_gpus=8", "global_batch_size=64", FAST,
+        f"hydra.run.dir={tmp_path / 'out'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert len(list((tmp_path / "my_logs").glob("*.sh"))) == 1  # my_megatron's log_dir
 
