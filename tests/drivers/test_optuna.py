@@ -44,6 +44,7 @@ from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.problem import SearchProblem
 from layoutsearch.space import KNOBS, SearchSpace
 from layoutsearch.specs import ClusterSpec, Job
+from tests.commands import Command
 
 SPACE = {
     "tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2],
@@ -818,15 +819,13 @@ def test_a_worker_is_alive_by_its_pid_here_and_its_heartbeat_elsewhere(
 
 
 def test_the_command_line_runs_an_optuna_search_over_replayed_runs(
-        tmp_path: Path, measurement_row: dict[str, Any]) -> None:
+        tmp_path: Path, measurement_row: dict[str, Any], layoutsearch: Command) -> None:
     runs = tmp_path / "runs.csv"
     pd.DataFrame([{**measurement_row, "distributed_optimizer": True}]).to_csv(runs, index=False)
-    done = subprocess.run(
-        [sys.executable, "-m", "layoutsearch.cli", "driver=optuna", "driver.n_trials=4",
-         "driver.progress=false", "cost_models=replay", f"cost_models.path={runs}",
-         "search_spaces.tp=[1,2]", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )
+    done = layoutsearch("driver=optuna", "driver.n_trials=4", "driver.progress=false",
+                        "cost_models=replay", f"cost_models.path={runs}",
+                        "search_spaces.tp=[1,2]", f"hydra.run.dir={tmp_path / 'run'}",
+                        cwd=tmp_path)
     ranked = pd.read_csv(tmp_path / "run" / "ranked.csv")
     # The file measured one layout: the study prices it, and spends nothing on the others.
     assert done.returncode == 0, done.stderr

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -13,15 +11,16 @@ import layoutsearch
 from layoutsearch.megatron import parse_argv
 from layoutsearch.megatron.emit import emit_megatron, write_launch_scripts
 from layoutsearch.results import job_of
+from tests.commands import Command
 
 
-def test_emit_megatron_writes_scripts_into_the_run_directory(tmp_path: Path) -> None:
+def test_emit_megatron_writes_scripts_into_the_run_directory(
+        tmp_path: Path, layoutsearch: Command) -> None:
     run_dir = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", "layoutsearch.cli", "model=llama_13b", "model.vocab_size=128000",
-         "num_gpus=8", "global_batch_size=64", "search_spaces.tp=[1,2]",
-         "search_spaces.pp=[1,2]", "emit=megatron", "top_k=5", f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, capture_output=True, text=True, check=False)
+    done = layoutsearch(
+        "model=llama_13b", "model.vocab_size=128000", "num_gpus=8", "global_batch_size=64",
+        "search_spaces.tp=[1,2]", "search_spaces.pp=[1,2]", "emit=megatron", "top_k=5",
+        f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     scripts = sorted((run_dir / "megatron").glob("*.sh"))
     assert len(scripts) == 5 and scripts[0].name.startswith("01_")
@@ -35,7 +34,8 @@ def test_emit_megatron_writes_scripts_into_the_run_directory(tmp_path: Path) -> 
         in done.stdout
 
 
-def test_emit_megatron_takes_the_settings_file_named_by_megatron(tmp_path: Path) -> None:
+def test_emit_megatron_takes_the_settings_file_named_by_megatron(
+        tmp_path: Path, layoutsearch: Command) -> None:
     checkout = tmp_path / "opt" / "Megatron-LM"
     checkout.mkdir(parents=True)
     (checkout / "pretrain_gpt.py").write_text("")
@@ -43,11 +43,9 @@ def test_emit_megatron_takes_the_settings_file_named_by_megatron(tmp_path: Path)
     settings.write_text(f"megatron_path: {checkout}\n"
                         "extra_args: [--no-gradient-accumulation-fusion]\n")
     run_dir = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", "layoutsearch.cli", "num_gpus=8", "global_batch_size=64",
-         "search_spaces.tp=[1]", "search_spaces.pp=[1]", "emit=megatron", "top_k=1",
-         f"megatron={settings}", f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, capture_output=True, text=True, check=False)
+    done = layoutsearch("num_gpus=8", "global_batch_size=64", "search_spaces.tp=[1]",
+                        "search_spaces.pp=[1]", "emit=megatron", "top_k=1",
+                        f"megatron={settings}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     (script,) = (run_dir / "megatron").glob("*.sh")
     argv = shlex.split(script.read_text().strip().splitlines()[-1])

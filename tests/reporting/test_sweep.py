@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -21,6 +19,7 @@ from layoutsearch.reporting.sweep import (
     mark_sweep_start,
     write_summary,
 )
+from tests.commands import Command
 
 
 def _job(sweep: Path, name: str, overrides: list[str], rows: list[dict[str, object]]) -> None:
@@ -97,12 +96,9 @@ def test_a_job_that_failed_after_its_ranking_is_one_row_with_both(tmp_path: Path
         table, tmp_path).read_text()
 
 
-def test_the_command_writes_the_sweep_table(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "layoutsearch.cli", "--multirun", "num_gpus=64,128",
-         "search_spaces.tp=[1,2]", "search_spaces.pp=[1,2]", f"hydra.sweep.dir={tmp_path}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )
+def test_the_command_writes_the_sweep_table(tmp_path: Path, layoutsearch: Command) -> None:
+    done = layoutsearch("--multirun", "num_gpus=64,128", "search_spaces.tp=[1,2]",
+                        "search_spaces.pp=[1,2]", f"hydra.sweep.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     table = pd.read_csv(tmp_path / "multirun.csv")
     assert [o.split()[0] for o in table["overrides"]] == ["num_gpus=64", "num_gpus=128"]
