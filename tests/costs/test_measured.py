@@ -110,7 +110,7 @@ def test_a_killed_search_resumes_without_remeasuring(tmp_path):
     recorded = read_measurements(measurements)
     assert len(recorded) == 1
     first = launches(tmp_path)[0]  # the launch whose row was recorded before the kill
-    subprocess.run([sys.executable, "-c", SEARCH, str(tmp_path), "0"], check=True)
+    layoutsearch.search(cost_model=fake_measured_model(tmp_path, top_k=2), **JOB)  # resumed
     after = read_measurements(measurements)
     assert len(after) == 2  # every layout exactly once
     assert not after.duplicated(subset=list(LAYOUT_COLUMNS)).any()

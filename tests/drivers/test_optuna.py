@@ -22,7 +22,7 @@ import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import optuna
@@ -44,7 +44,9 @@ from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.problem import SearchProblem
 from layoutsearch.space import KNOBS, SearchSpace
 from layoutsearch.specs import ClusterSpec, Job
-from tests.commands import Command
+
+if TYPE_CHECKING:  # not imported by the searches KILLABLE runs in a process of their own
+    from tests.commands import Command
 
 SPACE = {
     "tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2],
