@@ -30,8 +30,10 @@ def files_stay_in_the_page_cache() -> Iterator[None]:
 
     What the tests check of them (a killed search resumes, workers share a study) needs the
     writes to reach the operating system, not the disk: a process killed with SIGKILL loses
-    nothing the kernel holds. Forcing each commit to the disk costs ~10 ms on a virtual
-    disk, and an optuna trial makes a dozen commits. Subprocesses sync as a user's would.
+    nothing the kernel holds ("if the application running SQLite crashes, the data will be
+    safe", SQLite's PRAGMA synchronous = OFF). Forcing each commit to the disk costs ~10 ms
+    on a virtual disk, and an optuna trial makes a dozen commits. Processes the tests start
+    sync as a user's would.
     """
     fsync = os.fsync
     os.fsync = lambda fd: None  # journal files (optuna) and measurements.csv rows
