@@ -99,7 +99,8 @@ def step_time_for() -> Callable[[dict[str, Any], float], float]:
 
 
 @pytest.fixture
-def layoutsearch(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> Command:
-    """`layoutsearch("num_gpus=64", cwd=tmp_path)`: the `layoutsearch` command run in this
+def run_layoutsearch(monkeypatch: pytest.MonkeyPatch,
+                     capfd: pytest.CaptureFixture[str]) -> Command:
+    """`run_layoutsearch("num_gpus=64", cwd=tmp_path)`: the `layoutsearch` command run in this
     process (tests/commands.py)."""
     return command_in_this_process(monkeypatch, capfd)

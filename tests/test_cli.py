@@ -1,7 +1,7 @@
 """The `layoutsearch` command: outputs, overrides, multirun, user mistakes (exit 2) and jobs
 that nothing fits (exit 3).
 
-Most tests run the command's entry point in this process (the `layoutsearch` fixture,
+Most tests run the command's entry point in this process (the `run_layoutsearch` fixture,
 tests/commands.py); the first, and those that press Ctrl-C, run it as a process of its own,
 as a user does. The space is pinned to tp in {1, 2} to keep each run well under a second.
 """
@@ -100,9 +100,9 @@ def test_run_writes_the_same_ranking_as_the_python_api(tmp_path: Path) -> None:
 
 
 def test_a_one_node_jobs_best_command_is_its_torchrun_line(
-        tmp_path: Path, layoutsearch: Command) -> None:
+        tmp_path: Path, run_layoutsearch: Command) -> None:
     run_dir = tmp_path / "run"
-    done = layoutsearch("num_gpus=8", "global_batch_size=64", "search_spaces.tp=[2]",
+    done = run_layoutsearch("num_gpus=8", "global_batch_size=64", "search_spaces.tp=[2]",
                         "search_spaces.pp=[1,2]", "emit=megatron", "top_k=1",
                         f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -123,8 +123,8 @@ def test_a_one_node_jobs_best_command_is_its_torchrun_line(
 
 
 def test_multirun_runs_every_job_and_model_overrides_change_the_result(
-        tmp_path: Path, layoutsearch: Command) -> None:
-    done = layoutsearch(
+        tmp_path: Path, run_layoutsearch: Command) -> None:
+    done = run_layoutsearch(
         "--multirun", "model.vocab_size=32000,128000", FAST,
         f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path,
     )
@@ -143,9 +143,9 @@ def test_multirun_runs_every_job_and_model_overrides_change_the_result(
 
 
 def test_a_wrong_job_of_a_sweep_does_not_stop_the_others(
-        tmp_path: Path, layoutsearch: Command) -> None:
+        tmp_path: Path, run_layoutsearch: Command) -> None:
     sweep = tmp_path / "sweep"
-    done = layoutsearch("--multirun", "model=llama_7b,llama_13b", "num_gpus=12,64", FAST,
+    done = run_layoutsearch("--multirun", "model=llama_7b,llama_13b", "num_gpus=12,64", FAST,
                         f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     # Every job ran; the exit status still says that some input was wrong.
     assert done.returncode == 2
@@ -161,14 +161,14 @@ def test_a_wrong_job_of_a_sweep_does_not_stop_the_others(
 
 
 def test_a_sweep_rerun_into_its_folder_summarizes_only_its_own_jobs(
-        tmp_path: Path, layoutsearch: Command) -> None:
+        tmp_path: Path, run_layoutsearch: Command) -> None:
     sweep = tmp_path / "sweep"
-    first = layoutsearch("--multirun", "num_gpus=64,128", FAST, f"hydra.sweep.dir={sweep}",
+    first = run_layoutsearch("--multirun", "num_gpus=64,128", FAST, f"hydra.sweep.dir={sweep}",
                          cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     # The rerun has one job, and a setting that cannot be resolved: it is that job's error,
     # not the end of the sweep, and job 1 of the first sweep is no part of this one.
-    again = layoutsearch("--multirun", "num_gpus=${nope}", FAST, f"hydra.sweep.dir={sweep}",
+    again = run_layoutsearch("--multirun", "num_gpus=${nope}", FAST, f"hydra.sweep.dir={sweep}",
                          cwd=tmp_path)
     assert again.returncode == 2 and "Traceback" not in again.stderr
     assert "1 of 1 job failed" in again.stderr
@@ -183,8 +183,8 @@ def test_a_sweep_rerun_into_its_folder_summarizes_only_its_own_jobs(
 
 
 def test_a_setting_that_cannot_be_resolved_exits_2_naming_it(
-        tmp_path: Path, layoutsearch: Command) -> None:
-    done = layoutsearch("global_batch_size=${seq_lenght}", FAST, f"hydra.run.dir={tmp_path}",
+        tmp_path: Path, run_layoutsearch: Command) -> None:
+    done = run_layoutsearch("global_batch_size=${seq_lenght}", FAST, f"hydra.run.dir={tmp_path}",
                         cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "global_batch_size: cannot resolve its value" in done.stderr
@@ -192,16 +192,16 @@ def test_a_setting_that_cannot_be_resolved_exits_2_naming_it(
 
 
 def test_unknown_model_exits_2_naming_the_closest_match(
-        tmp_path: Path, layoutsearch: Command) -> None:
-    done = layoutsearch("model=llama13b", cwd=tmp_path)
+        tmp_path: Path, run_layoutsearch: Command) -> None:
+    done = run_layoutsearch("model=llama13b", cwd=tmp_path)
     assert done.returncode == 2
     assert "did you mean 'llama_13b'" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "outputs").exists()
 
 
-def test_bad_job_size_exits_2_with_the_rule(tmp_path: Path, layoutsearch: Command) -> None:
-    done = layoutsearch("num_gpus=63", FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+def test_bad_job_size_exits_2_with_the_rule(tmp_path: Path, run_layoutsearch: Command) -> None:
+    done = run_layoutsearch("num_gpus=63", FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 2
     # Named by the key typed: job.num_gpus=63 is no key of the command.
     assert "layoutsearch: error: num_gpus=63: must be a whole number of nodes" in done.stderr
@@ -209,15 +209,15 @@ def test_bad_job_size_exits_2_with_the_rule(tmp_path: Path, layoutsearch: Comman
 
 
 def test_wrong_megatron_settings_fail_before_the_search(
-        tmp_path: Path, layoutsearch: Command) -> None:
-    done = layoutsearch("megatron=megatrom", FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+        tmp_path: Path, run_layoutsearch: Command) -> None:
+    done = run_layoutsearch("megatron=megatrom", FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "unknown Megatron-LM settings 'megatrom'; did you mean 'megatron'?" in done.stderr
     assert not (tmp_path / "ranked.csv").exists()
 
 
-def test_help_lists_exactly_the_config_groups(tmp_path: Path, layoutsearch: Command) -> None:
-    done = layoutsearch("--help", cwd=tmp_path)
+def test_help_lists_exactly_the_config_groups(tmp_path: Path, run_layoutsearch: Command) -> None:
+    done = run_layoutsearch("--help", cwd=tmp_path)
     groups = done.stdout.split("== Configuration groups ==", 1)[1].split("==", 1)[0]
     listed = {line.split(":")[0] for line in groups.splitlines()[2:] if ":" in line}
     assert listed == set(GROUP_DIRS)
@@ -265,11 +265,11 @@ def test_known_and_added_settings_pass_the_check() -> None:
                          "cost_models.megatron.log_dir=."])
 
 
-def test_hydra_config_groups_are_left_to_hydra(tmp_path: Path, layoutsearch: Command) -> None:
+def test_hydra_config_groups_are_left_to_hydra(tmp_path: Path, run_layoutsearch: Command) -> None:
     # Hydra's own groups (logging, launcher, sweeper) are chosen as `hydra/<group>=...`.
     check_group_choices(["hydra/job_logging=disabled", "hydra/hydra_logging=disabled",
                          "hydra/launcher=basic"])
-    done = layoutsearch("hydra/job_logging=disabled", FAST, f"hydra.run.dir={tmp_path}",
+    done = run_layoutsearch("hydra/job_logging=disabled", FAST, f"hydra.run.dir={tmp_path}",
                         cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "ranked.csv").is_file()
@@ -283,8 +283,8 @@ def test_hydra_config_groups_are_left_to_hydra(tmp_path: Path, layoutsearch: Com
                   "set it instead, e.g. num_gpus=<number>"),
 ])
 def test_a_removed_setting_every_search_needs_is_named(
-        tmp_path: Path, layoutsearch: Command, removed: str, message: str) -> None:
-    done = layoutsearch(removed, FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+        tmp_path: Path, run_layoutsearch: Command, removed: str, message: str) -> None:
+    done = run_layoutsearch(removed, FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert message in done.stderr
 
@@ -295,8 +295,9 @@ def test_a_removed_cost_model_offers_cost_models_only(tmp_path: Path) -> None:
     assert str(caught.value).endswith("options: analytic, analytic_prior, measured, replay")
 
 
-def test_an_added_model_field_lists_the_valid_ones(tmp_path: Path, layoutsearch: Command) -> None:
-    done = layoutsearch("+model.vocab=1", FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+def test_an_added_model_field_lists_the_valid_ones(
+        tmp_path: Path, run_layoutsearch: Command) -> None:
+    done = run_layoutsearch("+model.vocab=1", FAST, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "unknown model field 'vocab'; did you mean 'vocab_size'?" in done.stderr
 
@@ -329,8 +330,8 @@ def test_override_syntax_and_a_sweep_without_multirun_are_user_errors() -> None:
     check_group_choices(["hydra.mode=MULTIRUN", "model=llama2_7b,llama3_8b"])
 
 
-def test_the_command_exits_2_on_override_syntax(tmp_path: Path, layoutsearch: Command) -> None:
-    done = layoutsearch("search_spaces.tp=[1,2", f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+def test_the_command_exits_2_on_override_syntax(tmp_path: Path, run_layoutsearch: Command) -> None:
+    done = run_layoutsearch("search_spaces.tp=[1,2", f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "search_spaces.tp=[1,2: no viable alternative" in done.stderr
 
@@ -362,7 +363,7 @@ def test_a_users_config_folder_adds_options_and_keeps_every_check(tmp_path: Path
     ("tp: [1, 2]\ntp: [4]\n", "found duplicate key tp"),
 ])
 def test_a_chosen_option_that_is_not_valid_yaml_is_named_with_its_line(
-        tmp_path: Path, layoutsearch: Command, text: str, rule: str) -> None:
+        tmp_path: Path, run_layoutsearch: Command, text: str, rule: str) -> None:
     folder = tmp_path / "my_configs"
     (folder / "search_spaces").mkdir(parents=True)
     (folder / "search_spaces" / "mine.yaml").write_text(text)
@@ -370,7 +371,7 @@ def test_a_chosen_option_that_is_not_valid_yaml_is_named_with_its_line(
                        rf"valid YAML: .*line \d.*{re.escape(rule)}"):
         check_group_choices(["--config-dir", str(folder), "search_spaces=mine"])
     check_group_choices(["--config-dir", str(folder), "search_spaces=paper"])  # not chosen
-    done = layoutsearch("--config-dir", str(folder), "search_spaces=mine",
+    done = run_layoutsearch("--config-dir", str(folder), "search_spaces=mine",
                         f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
 
@@ -411,22 +412,22 @@ def test_a_setting_of_one_option_of_a_sweep_is_refused_before_any_job(drivers: s
                             "run; options: gpt3_175b, "),
     ("num_gpus=range(8,8)", "num_gpus=range(8,8): the sweep has no values, so no job would run"),
 ])
-def test_a_sweep_that_would_run_no_job_is_refused(sweep: str, message: str,
-                                                  tmp_path: Path, layoutsearch: Command) -> None:
+def test_a_sweep_that_would_run_no_job_is_refused(
+        sweep: str, message: str, tmp_path: Path, run_layoutsearch: Command) -> None:
     # Hydra launches no job and exits 0, as if the sweep had run.
     with pytest.raises(LayoutSearchError, match=re.escape(message)):
         check_group_choices(["-m", sweep])
-    done = layoutsearch("-m", sweep, f"hydra.sweep.dir={tmp_path}", cwd=tmp_path)
+    done = run_layoutsearch("-m", sweep, f"hydra.sweep.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_mapping_set_on_a_group_is_no_sweep_that_matches_nothing(
-        tmp_path: Path, layoutsearch: Command) -> None:
+        tmp_path: Path, run_layoutsearch: Command) -> None:
     # Hydra merges `model={...}` into the default option's config: it chooses no option,
     # and a job runs.
     argv = ["model={num_layers:48,hidden_size:6400}", FAST, f"hydra.run.dir={tmp_path}"]
     check_group_choices(argv)
-    done = layoutsearch(*argv, cwd=tmp_path)
+    done = run_layoutsearch(*argv, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "--num-layers 48 --hidden-size 6400" in pd.read_csv(
         tmp_path / "ranked.csv")["megatron_args"].iloc[0]
@@ -451,21 +452,22 @@ def test_an_empty_group_choice_lists_the_options(override: str) -> None:
         check_group_choices([override])
 
 
-def test_spec_fields_the_yaml_leaves_out_can_be_set(tmp_path: Path, layoutsearch: Command) -> None:
+def test_spec_fields_the_yaml_leaves_out_can_be_set(
+        tmp_path: Path, run_layoutsearch: Command) -> None:
     argv = ["-m", "model.position_embedding_type=rope", "model.num_layers=2", "top_k=1",
             "cluster.gpu.memory_gib=94", FAST]
     # Only the field the YAML leaves to the spec's default needs adding.
     assert settable_spec_fields(argv) == [
         "-m", "++model.position_embedding_type=rope", "model.num_layers=2", "top_k=1",
         "cluster.gpu.memory_gib=94", FAST]
-    done = layoutsearch("model.add_bias_linear=true", FAST, f"hydra.run.dir={tmp_path}",
+    done = run_layoutsearch("model.add_bias_linear=true", FAST, f"hydra.run.dir={tmp_path}",
                         cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "ranked.csv").is_file()
 
 
 def test_a_setting_of_every_swept_option_is_set_though_the_default_option_lacks_it(
-        tmp_path: Path, layoutsearch: Command) -> None:
+        tmp_path: Path, run_layoutsearch: Command) -> None:
     # A multirun composes its own config from the default options (llama_13b, grid) with
     # the overrides that are no sweeps; struct mode would refuse the key there.
     folder = tmp_path / "conf"
@@ -483,7 +485,7 @@ def test_a_setting_of_every_swept_option_is_set_though_the_default_option_lacks_
     plain = ["model=llama3_8b", "model.rotary_base=1000000", "driver=optuna",
              "driver.n_trials=2"]
     assert settable_spec_fields(plain) == plain
-    done = layoutsearch(*argv, FAST, f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    done = run_layoutsearch(*argv, FAST, f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     summary = pd.read_csv(tmp_path / "sweep" / "multirun.csv")
     assert list(summary["tried"]) == [2, 2, 2, 2]
@@ -521,8 +523,8 @@ def test_nothing_fits_prints_the_reason(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_nothing_fits_exits_3_so_a_launch_script_stops(
-        tmp_path: Path, layoutsearch: Command) -> None:
-    done = layoutsearch("model=llama_65b", "num_gpus=8", FAST, "emit=megatron",
+        tmp_path: Path, run_layoutsearch: Command) -> None:
+    done = run_layoutsearch("model=llama_65b", "num_gpus=8", FAST, "emit=megatron",
                         f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert done.returncode == 3, done.stderr
     assert "no layout fits" in done.stdout and "Traceback" not in done.stderr
@@ -538,15 +540,15 @@ def test_nothing_fits_exits_3_so_a_launch_script_stops(
                               "kind(s) b200"),
 ])
 def test_a_wrong_setting_value_is_named_without_a_traceback(
-        tmp_path: Path, layoutsearch: Command, override: str, message: str) -> None:
-    done = layoutsearch(override, FAST, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+        tmp_path: Path, run_layoutsearch: Command, override: str, message: str) -> None:
+    done = run_layoutsearch(override, FAST, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_sweep_with_a_job_that_fits_nowhere_exits_0(
-        tmp_path: Path, layoutsearch: Command) -> None:
-    done = layoutsearch("--multirun", "model=llama_65b", "num_gpus=8,128", FAST,
+        tmp_path: Path, run_layoutsearch: Command) -> None:
+    done = run_layoutsearch("--multirun", "model=llama_65b", "num_gpus=8,128", FAST,
                         f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     table = pd.read_csv(tmp_path / "sweep" / "multirun.csv")
@@ -572,8 +574,8 @@ def test_a_cost_model_without_breakdowns_says_so() -> None:
     assert "Empty DataFrame" not in text
 
 
-def test_a_dry_run_exits_0_with_its_scripts(tmp_path: Path, layoutsearch: Command) -> None:
-    done = layoutsearch("cost_models=measured", "cost_models.prescreen=analytic",
+def test_a_dry_run_exits_0_with_its_scripts(tmp_path: Path, run_layoutsearch: Command) -> None:
+    done = run_layoutsearch("cost_models=measured", "cost_models.prescreen=analytic",
                         "cost_models.top_k=1", "cost_models.launcher=dry_run", FAST,
                         "emit=megatron", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -630,13 +632,13 @@ def test_ctrl_c_during_a_sweep_summarizes_the_jobs_that_finished(tmp_path: Path)
 
 
 def test_a_sweep_job_interrupted_after_its_ranking_says_the_ranking_is_whole(
-        tmp_path: Path, layoutsearch: Command, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, run_layoutsearch: Command, monkeypatch: pytest.MonkeyPatch) -> None:
     def interrupt(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr("layoutsearch.cli.write_run_report", interrupt)
     sweep = tmp_path / "sweep"
-    done = layoutsearch("--multirun", FAST, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    done = run_layoutsearch("--multirun", FAST, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert done.returncode == 130, done.stderr
     table = pd.read_csv(sweep / "multirun.csv")
     assert table.loc[0, "error"].startswith(
@@ -664,13 +666,13 @@ def test_a_ctrl_c_while_the_summary_is_written_leaves_it_to_be_written_again(
 
 
 def test_relative_paths_mean_the_same_with_hydra_job_chdir(
-        tmp_path: Path, layoutsearch: Command) -> None:
+        tmp_path: Path, run_layoutsearch: Command) -> None:
     # hydra.job.chdir=true starts the job in its output folder: a settings file named from
     # where the command ran must still be found there.
     shipped = config_dir("cost_models") / "megatron.yaml"
     (tmp_path / "site_megatron.yaml").write_text(
         shipped.read_text().replace("extra_args: []", "extra_args: [--seed, '99']"))
-    done = layoutsearch("megatron=site_megatron.yaml", "hydra.job.chdir=true", FAST,
+    done = run_layoutsearch("megatron=site_megatron.yaml", "hydra.job.chdir=true", FAST,
                         f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     ranked = pd.read_csv(tmp_path / "run" / "ranked.csv")
@@ -678,7 +680,7 @@ def test_relative_paths_mean_the_same_with_hydra_job_chdir(
 
 
 def test_names_in_settings_are_found_in_the_users_config_folder(
-        tmp_path: Path, layoutsearch: Command) -> None:
+        tmp_path: Path, run_layoutsearch: Command) -> None:
     # Megatron-LM settings and a calibrated fit kept beside the user's own options.
     folder = tmp_path / "my_configs" / "cost_models"
     folder.mkdir(parents=True)
@@ -686,7 +688,7 @@ def test_names_in_settings_are_found_in_the_users_config_folder(
     (folder / "my_megatron.yaml").write_text(
         (shipped / "megatron.yaml").read_text() + "\nlog_dir: my_logs\n")
     (folder / "my_fit.yaml").write_text((shipped / "analytic.yaml").read_text())
-    done = layoutsearch(
+    done = run_layoutsearch(
         "--config-dir", str(tmp_path / "my_configs"), "cost_models=measured",
         "cost_models.megatron=my_megatron", "cost_models.launcher=dry_run",
         "cost_models.prescreen=my_fit", "cost_models.top_k=1", "model=llama_7b",
@@ -697,20 +699,20 @@ def test_names_in_settings_are_found_in_the_users_config_folder(
     # A file of the user's that is not YAML yet is passed over, as Hydra passes it over;
     # and a relative folder is found from where the command ran, whatever the job's cwd.
     (folder / "work_in_progress.yaml").write_text("a: [\n")
-    done = layoutsearch(
+    done = run_layoutsearch(
         "hydra.job.chdir=true", "hydra.searchpath=[file://my_configs]",
         "megatron=my_megatron", "model=llama_7b", "num_gpus=8", "global_batch_size=64", FAST,
         f"hydra.run.dir={tmp_path / 'out3'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     # Without the folder the names are unknown, and the message lists the shipped ones.
-    done = layoutsearch("cost_models=measured", "cost_models.megatron=my_megatron",
+    done = run_layoutsearch("cost_models=measured", "cost_models.megatron=my_megatron",
                         f"hydra.run.dir={tmp_path / 'out2'}", cwd=tmp_path)
     assert done.returncode == 2
     assert "unknown Megatron-LM settings 'my_megatron'" in done.stderr
 
 
 def test_options_in_a_package_on_the_search_path_are_found(
-        tmp_path: Path, layoutsearch: Command, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, run_layoutsearch: Command, monkeypatch: pytest.MonkeyPatch) -> None:
     # hydra.searchpath=[pkg://my_project.conf]: a project's options shipped in its package.
     site = tmp_path / "site"
     folder = site / "my_project" / "conf" / "cost_models"
@@ -724,7 +726,7 @@ def test_options_in_a_package_on_the_search_path_are_found(
     check_group_choices([searchpath, "cost_models=my_fit"])
     with pytest.raises(LayoutSearchError, match="did you mean 'my_fit'"):
         check_group_choices([searchpath, "cost_models=my_fi"])
-    done = layoutsearch(
+    done = run_layoutsearch(
         searchpath, "cost_models=measured", "cost_models.megatron=my_megatron",
         "cost_models.launcher=dry_run", "cost_models.top_k=1", "cost_models.prescreen=my_fit",
         "model=llama_7b", "num_gpus=8", "global_batch_size=64", FAST,

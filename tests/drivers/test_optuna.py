@@ -821,10 +821,10 @@ def test_a_worker_is_alive_by_its_pid_here_and_its_heartbeat_elsewhere(
 
 
 def test_the_command_line_runs_an_optuna_search_over_replayed_runs(
-        tmp_path: Path, measurement_row: dict[str, Any], layoutsearch: Command) -> None:
+        tmp_path: Path, measurement_row: dict[str, Any], run_layoutsearch: Command) -> None:
     runs = tmp_path / "runs.csv"
     pd.DataFrame([{**measurement_row, "distributed_optimizer": True}]).to_csv(runs, index=False)
-    done = layoutsearch("driver=optuna", "driver.n_trials=4", "driver.progress=false",
+    done = run_layoutsearch("driver=optuna", "driver.n_trials=4", "driver.progress=false",
                         "cost_models=replay", f"cost_models.path={runs}",
                         "search_spaces.tp=[1,2]", f"hydra.run.dir={tmp_path / 'run'}",
                         cwd=tmp_path)

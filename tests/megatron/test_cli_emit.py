@@ -15,9 +15,9 @@ from tests.commands import Command
 
 
 def test_emit_megatron_writes_scripts_into_the_run_directory(
-        tmp_path: Path, layoutsearch: Command) -> None:
+        tmp_path: Path, run_layoutsearch: Command) -> None:
     run_dir = tmp_path / "run"
-    done = layoutsearch(
+    done = run_layoutsearch(
         "model=llama_13b", "model.vocab_size=128000", "num_gpus=8", "global_batch_size=64",
         "search_spaces.tp=[1,2]", "search_spaces.pp=[1,2]", "emit=megatron", "top_k=5",
         f"hydra.run.dir={run_dir}", cwd=tmp_path)
@@ -35,7 +35,7 @@ def test_emit_megatron_writes_scripts_into_the_run_directory(
 
 
 def test_emit_megatron_takes_the_settings_file_named_by_megatron(
-        tmp_path: Path, layoutsearch: Command) -> None:
+        tmp_path: Path, run_layoutsearch: Command) -> None:
     checkout = tmp_path / "opt" / "Megatron-LM"
     checkout.mkdir(parents=True)
     (checkout / "pretrain_gpt.py").write_text("")
@@ -43,7 +43,7 @@ def test_emit_megatron_takes_the_settings_file_named_by_megatron(
     settings.write_text(f"megatron_path: {checkout}\n"
                         "extra_args: [--no-gradient-accumulation-fusion]\n")
     run_dir = tmp_path / "run"
-    done = layoutsearch("num_gpus=8", "global_batch_size=64", "search_spaces.tp=[1]",
+    done = run_layoutsearch("num_gpus=8", "global_batch_size=64", "search_spaces.tp=[1]",
                         "search_spaces.pp=[1]", "emit=megatron", "top_k=1",
                         f"megatron={settings}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -96,8 +96,8 @@ def test_a_job_that_failed_after_its_ranking_is_one_row_with_both(tmp_path: Path
         table, tmp_path).read_text()
 
 
-def test_the_command_writes_the_sweep_table(tmp_path: Path, layoutsearch: Command) -> None:
-    done = layoutsearch("--multirun", "num_gpus=64,128", "search_spaces.tp=[1,2]",
+def test_the_command_writes_the_sweep_table(tmp_path: Path, run_layoutsearch: Command) -> None:
+    done = run_layoutsearch("--multirun", "num_gpus=64,128", "search_spaces.tp=[1,2]",
                         "search_spaces.pp=[1,2]", f"hydra.sweep.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     table = pd.read_csv(tmp_path / "multirun.csv")
