@@ -148,7 +148,8 @@ def sbatch_script(command: MegatronCommand, settings: MegatronSettings, label: s
 
     The time limit is `trial_time_limit_s`; a time in `slurm` wins. Either, set by the user
     and shorter than the predicted run, gets a warning. The user's `slurm_setup` lines run
-    before torchrun, `slurm_teardown` lines after it.
+    first, before the command's environment is exported, `slurm_teardown` lines after
+    torchrun.
     """
     user = sbatch_options(with_slurm_defaults(settings.slurm))
     time_value, warning = _time_limit(user, settings, step_time_s)
@@ -178,11 +179,13 @@ def sbatch_script(command: MegatronCommand, settings: MegatronSettings, label: s
         *_header(command, label),
         *warning,
         "set -euo pipefail",
+        # The user's setup lines first: a module or an activate script may export NCCL or
+        # CUDA settings of its own, and the command's must win, as in the slurm launcher.
+        *_lenient(script_lines(settings.slurm, "setup")),
         *_exports(command.env),
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         f"MASTER_PORT={settings.master_port}",
         "export MASTER_ADDR MASTER_PORT",
-        *_lenient(script_lines(settings.slurm, "setup")),
         *_then_teardown(f"{shlex.join(srun)} {shlex.join(torchrun)} {rendezvous} {tail}",
                         _lenient(script_lines(settings.slurm, "teardown"))),
         "",

@@ -251,9 +251,10 @@ def test_sbatch_takes_submitits_generic_names_and_script_lines():
     assert not any("signal" in line or "timeout-min" in line or "mem-gb" in line
                    for line in lines)
     run = next(i for i, line in enumerate(lines) if line.startswith("srun "))
-    assert lines[run - 4:run] == ["module load cuda/12.4", "source ~/env.sh", "set -u",
-                                  "status=0"]
-    assert lines[run - 5].startswith("set +u")
+    setup = lines.index("set -euo pipefail") + 1
+    assert lines[setup].startswith("set +u")
+    assert lines[setup + 1:setup + 4] == ["module load cuda/12.4", "source ~/env.sh", "set -u"]
+    assert lines[setup + 4].startswith("export ") and lines[run - 1] == "status=0"
     assert lines[run].endswith("|| status=$?")
     assert lines[run + 2:run + 5] == ["echo done", "set -u", 'exit "$status"']
     # A Slurm-specific name wins over the generic one, as in submitit.
@@ -287,6 +288,17 @@ def test_setup_lines_may_read_unset_variables_as_conda_activate_does(tmp_path):
     assert done.stdout.splitlines()[0] == "no prompt"
     assert "srun ran --ntasks-per-node=1" in done.stdout
     assert done.stdout.splitlines()[-1] == "teardown "
+
+
+def test_the_commands_environment_wins_over_what_setup_lines_export(tmp_path):
+    # A module or activate script may export its own NCCL or CUDA settings; the script
+    # exported the command's before the setup lines ran, so theirs reached torchrun, where
+    # the slurm launcher applies the command's last. The layout (tp 2) needs 1 connection.
+    done = _run_sbatch_script(tmp_path, {
+        "slurm_setup": ["export CUDA_DEVICE_MAX_CONNECTIONS=8 NVTE_FLASH_ATTN=0"],
+        "slurm_teardown": ['echo "at srun: $CUDA_DEVICE_MAX_CONNECTIONS $NVTE_FLASH_ATTN"']})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "at srun: 1 1"
 
 
 def test_a_failing_setup_line_still_stops_the_job(tmp_path):
