@@ -188,9 +188,11 @@ def search(
     ranked.attrs["fabric_note"] = _fabric_note(ranked, scorer, job)
     ranked.attrs["failed_launches_note"] = failed_launches_note(ranked)
     ranked.attrs["rejected_commands_note"] = rejected_commands_note(ranked)
+    # What a replay's file, or a measured search's launches, leave out of the ranking.
     ranked.attrs["coverage_note"] = (
         scorer.coverage_note(problem.feasible_candidates().drop(columns="rule_reason"),
-                             clusters) if isinstance(scorer, ReplayCostModel) else "")
+                             clusters)
+        if isinstance(scorer, ReplayCostModel | MeasuredCostModel) else "")
     ranked.attrs["batch_note"] = batch_note(ranked, job,
                                             _rescore(job, space, scorer, clusters, settings))
     ranked.attrs[NOTED_FOR] = notes_key(ranked)

@@ -31,6 +31,7 @@ from layoutsearch.measurements import (
     REQUIRED_COLUMNS,
 )
 from layoutsearch.megatron.args import (
+    FLASH2_ON_HOPPER,
     FLASH_KERNELS,
     MegatronCommand,
     command_of_row,
@@ -279,6 +280,46 @@ class MeasuredCostModel:
                     chosen.append(i)
                     reasons.loc[i] = ""
         return chosen, prior
+
+    def coverage_note(self, candidates: pd.DataFrame,
+                      clusters: Mapping[str, ClusterSpec]) -> str:
+        """When the prescreen's best layouts (`candidates`: a search's layouts that pass the
+        rules) are ones no command runs as asked, so that none of them is measured: how
+        many, the best of them and why, and, where that is FlashAttention 2 on Hopper in a
+        space without flash3, how to measure FlashAttention there. "" without a prescreen,
+        or when its best layout that fits is measured (or recorded)."""
+        if self.prescreen is None or candidates.empty:
+            return ""
+        reasons = pd.Series("", index=candidates.index, dtype=object)
+        ordered, prior = self._prescreened(candidates, clusters, reasons)
+        known = self.file.load()
+        passed: dict[Any, str] = {}
+        measured = None
+        for i in ordered:
+            row = {str(k): v for k, v in candidates.loc[i].items()}
+            refusal = "" if self._recorded(known, row) else self._refusal(row, clusters)
+            if not refusal:
+                measured = i
+                break
+            passed[i] = refusal.removeprefix("not measured: ")
+        if not passed or prior is None:
+            return ""
+        best = next(iter(passed))
+        name = self.prescreen.name
+        against = ("" if measured is None else
+                   f"; the best it measures is predicted {float(prior.loc[measured, 'mfu']):.3f}")
+        note = (f"the {name} model's {len(passed)} best layout"
+                f"{'s are' if len(passed) > 1 else ' is'} not measured, as no command runs "
+                f"{'them' if len(passed) > 1 else 'it'} as asked: the best, "
+                f"{Layout.from_row(candidates.loc[best]).describe()} (predicted MFU "
+                f"{float(prior.loc[best, 'mfu']):.3f}{against}): {passed[best]}.")
+        kernels = list(dict.fromkeys(candidates["attention"].astype(str)))
+        if FLASH2_ON_HOPPER in passed.values() and "flash3" not in kernels:
+            listed = ",".join([*kernels, "flash3"])
+            note += (" On this GPU FlashAttention is measured as flash3, which the space "
+                     f"leaves out: add it (search_spaces.attention=[{listed}], or "
+                     "attention=[..., 'flash3'] in Python).")
+        return note
 
     def unpriced(self, candidates: pd.DataFrame,
                  clusters: Mapping[str, ClusterSpec]) -> pd.Series:

@@ -43,6 +43,11 @@ FLASH_KERNELS = ("flash2", "flash3")
 """Kernels Megatron-LM selects with `--attention-backend flash`: Transformer Engine's
 FlashAttention path, which runs FlashAttention 2, or 3 where `flash_attn_interface` is
 installed on Hopper. Which of the two runs is decided by what is installed, not by a flag."""
+FLASH2_ON_HOPPER = ("flash2 on Hopper is the flash3 command: Transformer Engine runs "
+                    "FlashAttention 3 wherever flash_attn_interface is installed, and no flag "
+                    "picks version 2")
+"""The note of a flash2 layout's command on a GPU that runs FlashAttention 3: a measured
+search passes it over and measures the flash3 layout of the same command instead."""
 
 
 NVTE_ATTENTION = {
@@ -265,10 +270,7 @@ def build_command(layout: Layout, job: Job,
     notes += _fused_softmax_fallback(layout, job)
     if layout.attention == "flash2" and job.cluster.gpu.supports_flash3:
         # One command for both kernels (FLASH_KERNELS): measure it once, as flash3.
-        notes.append(
-            "flash2 on Hopper is the flash3 command: Transformer Engine runs FlashAttention 3 "
-            "wherever flash_attn_interface is installed, and no flag picks version 2"
-        )
+        notes.append(FLASH2_ON_HOPPER)
     parallel = _parallel_args(layout, model)
     argv = [
         *_model_args(model, job.seq_length),

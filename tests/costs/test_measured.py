@@ -894,3 +894,27 @@ def test_a_launchs_line_is_a_line_of_its_own_beside_a_progress_line(tmp_path, ca
     told = [line for line in shown if "(log " in line]
     assert len(told) == 2 and all(line.startswith("local: ") for line in told)
     assert shown[-2].startswith("optuna: 2/2 layouts priced · best MFU ")
+
+
+def test_a_hopper_search_without_flash3_says_its_flashattention_layouts_are_not_measured(
+        tmp_path):
+    # On Hopper a flash2 layout's command runs FlashAttention 3, so it is passed over for
+    # its flash3 twin; in a space without flash3 (the paper space) the measured search then
+    # launched only fused and torch layouts and named none of the analytic best ones.
+    model = fake_measured_model(tmp_path, top_k=1, gpu="h100_sxm")
+    pins = dict(tp=[1], pp=[1], micro_batch_size=[1], recompute=["none"],
+                rmsnorm_kernel=[True], sequence_parallel=[False])
+    ranked = layoutsearch.search(cost_model=model, cluster="h100_sxm", **SMALL_JOB, **pins,
+                                 attention=["fused", "flash2"])
+    assert model.launched == 1 and list(ranked["attention"]) == ["fused", "flash2"]
+    note = ranked.attrs["coverage_note"]
+    assert note.startswith("the analytic model's 1 best layout is not measured, as no "
+                           "command runs it as asked: the best, tp1 pp1 dp8 mb1 "
+                           "flash2+rmsnorm recompute=none (predicted MFU ")
+    assert "flash2 on Hopper is the flash3 command" in note
+    assert note.endswith("add it (search_spaces.attention=[fused,flash2,flash3], or "
+                         "attention=[..., 'flash3'] in Python).")
+    # With flash3 in the space its layout is the analytic best, and it is measured.
+    ranked = layoutsearch.search(cost_model=model, cluster="h100_sxm", **SMALL_JOB, **pins,
+                                 attention=["fused", "flash2", "flash3"])
+    assert ranked["attention"].iloc[0] == "flash3" and ranked.attrs["coverage_note"] == ""
