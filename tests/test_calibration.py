@@ -218,6 +218,23 @@ def test_a_job_the_other_jobs_cannot_be_fitted_without_is_not_scored_and_the_res
     assert pooled["rows"] == len(small)
 
 
+def test_cli_counts_held_out_jobs_of_the_scored_ones_and_says_why_once(tmp_path, capsys):
+    # Two jobs, one of 8 runs: held out, the big one leaves too few runs to fit, and it was
+    # counted as a job not "at least as good" ("0 of 2") with its reason in the table too.
+    runs = synthetic_runs(PRIOR["a100_80gb"])
+    small = runs[runs["model"] == "llama_13b"].head(8)
+    path = tmp_path / "runs.csv"
+    pd.concat([runs[runs["model"] == "llama_7b"], small]).to_csv(path, index=False)
+    assert main([str(path), "--out", str(tmp_path / "fit.yaml"), "--free", "gemm_efficiency",
+                 "--max-evals", "20", "--keep-memory"]) == 0
+    printed = capsys.readouterr().out
+    assert "held-out jobs at least as good as the prior: 1 of 1 scored (1 not scored)" in printed
+    assert printed.count("a fit needs at least 3 per constant") == 1
+    assert "  llama_7b 2048 a100_80gb 16 256: not scored: without it, a100_80gb: " in printed
+    table = printed.split("score the held-out one")[1].split("held-out jobs")[0]
+    assert "not scored (below)" in table
+
+
 def test_a_figure_neither_model_has_is_no_worse():
     nan = float("nan")
     before = {"fit_accuracy": 0.7, "spearman": nan, "regret_points": nan, "mape": nan}

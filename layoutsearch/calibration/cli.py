@@ -206,9 +206,15 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"(prior = {args.base})")
         columns = [*GROUP_COLUMNS,
                    *(f"{c}_{w}" for c in FIDELITY_COLUMNS for w in ("prior", "cv")), "verdict"]
-        print(cv[columns].round(3).to_string(index=False))
+        unscored = cv["verdict"].astype(str).str.startswith("not scored")
+        # The table says "not scored" alone: the list below says why, once per job.
+        shown = cv[columns].round(3).assign(verdict=cv["verdict"].where(~unscored,
+                                                                        "not scored (below)"))
+        print(shown.to_string(index=False))
         good = int((cv["verdict"] == "at least as good").sum())
-        print(f"held-out jobs at least as good as the prior: {good} of {len(cv)}")
+        held_out_scored = len(cv) - int(unscored.sum())
+        print(f"held-out jobs at least as good as the prior: {good} of {held_out_scored}"
+              + (f" scored ({int(unscored.sum())} not scored)" if unscored.any() else ""))
         # Each job by every field that makes it one (docs/fidelity.md's group).
         held_out = {" ".join(str(r[c]) for c in GROUP_COLUMNS): r
                     for r in cv.to_dict("records")}
