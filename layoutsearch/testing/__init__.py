@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs import build_cost_model
 from layoutsearch.costs.measured import MeasuredCostModel
-from layoutsearch.errors import LayoutSearchError
+from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.megatron.launchers import LocalLauncher
 from layoutsearch.megatron.settings import MegatronSettings
 from layoutsearch.testing.conformance import (
@@ -42,9 +43,14 @@ def fake_megatron_settings(workdir: str | Path, *, inject: str = "", sleep_s: fl
 
     `inject` fails chosen launches: "2=crash,3=hang,4=nccl,5=oom" (launch numbers count
     from 1 in `workdir/launches.txt`; "*" means every launch). `sleep_s` pauses after each
-    iteration, `cost_model` prices the fake run.
+    iteration, `cost_model` prices the fake run as a run on `gpu` (a catalog GPU name: the
+    job's cluster's, so that the rows' figures are of the GPU they name).
     """
     _check_injections(inject)
+    if gpu not in clusters_by_gpu():
+        # The fake would fail every launch at its catalog lookup.
+        raise LayoutSearchError("fake Megatron-LM: " + unknown_name_message(
+            "GPU", gpu, clusters_by_gpu()))
     if not sleep_s >= 0:
         raise LayoutSearchError(f"fake Megatron-LM: sleep_s={sleep_s!r} must be >= 0 seconds")
     workdir = Path(workdir).resolve()  # the fake runs in its own folder

@@ -1,6 +1,6 @@
 """Write Megatron-LM settings that run the fake Megatron-LM, to try a measured search on a CPU.
 
-    python -m layoutsearch.testing fake_megatron.yaml [--inject 2=crash,3=oom]
+    python -m layoutsearch.testing fake_megatron.yaml [--inject 2=crash,3=oom] [--gpu h100_sxm]
     layoutsearch model=llama_7b num_gpus=8 global_batch_size=256 cost_models=measured \\
         cost_models.megatron=fake_megatron.yaml \\
         cost_models.measurements=fake_measurements.csv cost_models.top_k=3
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.paths import unwritable_file
 from layoutsearch.testing import FAILURE_KINDS, LAUNCHES_FILE, fake_megatron_settings
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         f"('*' = every one; kinds {', '.join(FAILURE_KINDS)})"))
     parser.add_argument("--sleep-s", type=float, default=0.0,
                         help="seconds the fake sleeps after each iteration (default 0)")
+    parser.add_argument("--gpu", default="a100_80gb", help=(
+        "the GPU the fake runs on, as the job's cluster=... names it (default a100_80gb): "
+        "its runs are priced for that GPU"))
     args = parser.parse_args(argv)
     problem = unwritable_file(args.settings)
     if problem:
@@ -45,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     target = Path(args.settings).resolve()
     try:
         settings = fake_megatron_settings(target.parent, inject=args.inject,
-                                          sleep_s=args.sleep_s)
+                                          sleep_s=args.sleep_s, gpu=args.gpu)
     except LayoutSearchError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return 2
@@ -58,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         + yaml.safe_dump(settings.to_record(), sort_keys=False))
     measurements = target.parent / MEASUREMENTS_FILE
     print(f"wrote {target}; search with it (one node: the local launcher):\n"
-          f"  layoutsearch ... cost_models=measured cost_models.megatron={target} "
+          f"  layoutsearch cluster={clusters_by_gpu()[args.gpu].name} ... "
+          f"cost_models=measured cost_models.megatron={target} "
           f"cost_models.measurements={measurements}")
     return 0
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 import layoutsearch
 from layoutsearch.catalog import load_cluster, load_model
@@ -142,8 +143,19 @@ def test_written_fake_settings_run_a_measured_search_from_a_file(tmp_path, capsy
     (["{tmp}/x.yaml", "--inject", "1=boom"], "inject entry '1=boom' must be LAUNCH=KIND"),
     (["{tmp}/x.yaml", "--inject", "0=oom"], "inject entry '0=oom' must be LAUNCH=KIND"),
     (["{tmp}/x.yaml", "--sleep-s", "-1"], "sleep_s=-1.0 must be >= 0 seconds"),
+    (["{tmp}/x.yaml", "--gpu", "h100"], "fake Megatron-LM: unknown GPU 'h100'"),
 ])
 def test_fake_settings_that_would_not_run_as_asked_are_refused(tmp_path, capsys, args, error):
     assert write_fake_settings([a.format(tmp=tmp_path) for a in args]) == 2
     assert error in capsys.readouterr().err
     assert not (tmp_path / "x.yaml").exists() and not (tmp_path / "new").exists()
+
+
+def test_fake_settings_for_an_h100_cluster_price_its_runs_as_h100_runs(tmp_path, capsys):
+    # The settings always ran the fake as an A100: a search with cluster=h100_sxm recorded
+    # A100 step times as H100 runs, and a calibration on them fitted H100 constants to them.
+    settings = tmp_path / "fake.yaml"
+    assert write_fake_settings([str(settings), "--gpu", "h100_sxm"]) == 0
+    assert "layoutsearch cluster=h100_sxm ... cost_models=measured" in capsys.readouterr().out
+    written = yaml.safe_load(settings.read_text())
+    assert written["env"]["LAYOUTSEARCH_FAKE_GPU"] == "h100_sxm"
