@@ -28,6 +28,7 @@ from layoutsearch.calibration import (
     nelder_mead,
     timing,
 )
+from layoutsearch.calibration.cli import _parser
 from layoutsearch.calibration.fit import at_least_as_good
 from layoutsearch.calibration.memory import best_overhead
 from layoutsearch.calibration.timing import (
@@ -603,3 +604,9 @@ def test_the_calibration_runs_as_a_module(tmp_path):
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0 and done.stdout.startswith("usage: layoutsearch-calibrate")
     assert "Warning" not in done.stderr
+
+
+def test_every_calibration_option_says_what_it_does_in_its_help():
+    silent = [action.option_strings or action.dest for action in _parser()._actions
+              if not action.help]
+    assert silent == []

@@ -76,7 +76,10 @@ def _figures(summary: Mapping[str, float]) -> dict[str, float]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="layoutsearch-calibrate", description=main.__doc__)
     parser.add_argument("measurements", help="a measurement file (docs/measurements.md schema)")
-    parser.add_argument("--out", default="cost_models/calibrated.yaml")
+    parser.add_argument("--out", default="cost_models/calibrated.yaml",
+                        help="the YAML file to write: fitted constants and their provenance "
+                        "(default %(default)s; in a --config-dir's cost_models/ folder, "
+                        "cost_models=<its name> selects it)")
     parser.add_argument("--base", default="analytic_prior",
                         help="constants to start from and compare with (name or YAML path)")
     parser.add_argument("--free", default=None,
@@ -84,9 +87,12 @@ def _parser() -> argparse.ArgumentParser:
                         "a predicted step time on these rows)")
     parser.add_argument("--keep-memory", action="store_true",
                         help="keep the base's memory constants instead of fitting them")
-    parser.add_argument("--max-evals", type=int, default=600)
+    parser.add_argument("--max-evals", type=int, default=600,
+                        help="most loss evaluations of the time constants' simplex fit "
+                        "(default %(default)s)")
     parser.add_argument("--memory-grid", type=int, default=GRID,
-                        help="grid points per continuous memory constant")
+                        help="grid points per continuous memory constant (default "
+                        "%(default)s)")
     parser.add_argument("--no-cv", action="store_true", help="skip the cross-validation")
     return parser
 
