@@ -41,6 +41,7 @@ from layoutsearch.no_fit import no_fit_message
 from layoutsearch.notes import (
     batch_note,
     close_call_note,
+    constants_note,
     fabric_note,
     failed_launches_note,
     headroom_note,
@@ -186,6 +187,10 @@ def search(
     ranked.attrs["close_call_note"] = _close_call_note(ranked, scorer, searcher, job, megatron)
     ranked.attrs["mfu_convention_note"] = mfu_convention_note(ranked, job)
     ranked.attrs["fabric_note"] = _fabric_note(ranked, scorer, job)
+    ranked.attrs["constants_note"] = (
+        constants_note(ranked, job.cluster.gpu.name, scorer.fitted,
+                       lambda: _constants_name(scorer))
+        if isinstance(scorer, AnalyticCostModel) else "")
     ranked.attrs["failed_launches_note"] = failed_launches_note(ranked)
     ranked.attrs["rejected_commands_note"] = rejected_commands_note(ranked)
     # What a replay's file, or a measured search's launches, leave out of the ranking.

@@ -1,7 +1,7 @@
 """The notes a search writes into a ranking's `attrs` about its best layout: tight memory, a
 close call, a batch that caps data parallelism, the MFU convention at long context, a slow
-fabric, failed launches and commands Megatron-LM would reject; each "" when there is nothing
-to say.
+fabric, constants not fitted to the GPU kind, failed launches and commands Megatron-LM
+would reject; each "" when there is nothing to say.
 
     note = headroom_note(ranked)          # "" unless the best layout fits with too little free
     note = close_call_note(ranked)        # "" unless runners-up are too close to call
@@ -169,16 +169,24 @@ def close_call_note(ranked: pd.DataFrame, *,
     capped = (f" (the best {CLOSE_CALL_MAX_TRIALS} of {wanted}: a tie-break, not a sweep)"
               if wanted > trials else "")
     count = "1 other layout is" if len(others) == 1 else f"{len(others)} other layouts are"
-    # The local launcher runs one node; a job on more needs Slurm.
-    nodes = int(best["num_gpus"]) > int(best["gpus_per_node"])
-    launcher = " cost_models.launcher=slurm" if nodes else ""
     return (f"{count} within {100 * CLOSE_CALL_GAP:.0f} % of the best's predicted MFU (the "
             f"next: {Layout.from_row(runner_up).describe()}, MFU {float(runner_up['mfu']):.3f}"
             f"); on the study's runs {100 * CLOSE_CALL_WRONG_ORDER:.0f} % of the layout pairs "
             f"the shipped analytic model predicted this close ran in the other order. Measure "
-            f"the top {trials}{capped} before committing: cost_models=measured "
-            f"cost_models.prescreen={prescreen()} cost_models.top_k={trials}{launcher}"
-            + (f" cost_models.megatron={settings}" if settings else "") + ".")
+            f"the top {trials}{capped} before committing: "
+            f"{measured_search(best, trials, prescreen(), settings)}.")
+
+
+def measured_search(best: pd.Series, trials: int, prescreen: str,
+                    settings: str = "") -> str:
+    """The options of a measured search that launches the `trials` best layouts by the
+    `prescreen` constants, for the job of the row `best`; `settings` names its Megatron-LM
+    settings ("" for the shipped ones)."""
+    # The local launcher runs one node; a job on more needs Slurm.
+    nodes = int(best["num_gpus"]) > int(best["gpus_per_node"])
+    return (f"cost_models=measured cost_models.prescreen={prescreen} "
+            f"cost_models.top_k={trials}" + (" cost_models.launcher=slurm" if nodes else "")
+            + (f" cost_models.megatron={settings}" if settings else ""))
 
 
 MASKED_ATTENTION_SHARE = 0.2
@@ -258,6 +266,34 @@ def mfu_convention_note(ranked: pd.DataFrame, job: Job) -> str:
             f"of the FLOPs counted, so MFU overstates the work done and can pass 1{past_one}. "
             f"By Megatron-LM's count (core >= 0.12: per matmul, causal attention halved) the "
             f"best layout's MFU is {megatron:.3f}; the ranking is the same under either.")
+
+
+STUDY_GPU = "a100_80gb"
+"""The GPU kind of the study's runs, from which the other notes' error figures come."""
+
+
+def constants_note(ranked: pd.DataFrame, gpu: str, fitted: frozenset[str] | None,
+                   constants: Callable[[], str]) -> str:
+    """A note when the analytic constants that priced `ranked` were not fitted to measured
+    runs of its GPU kind (`fitted`: the kinds that were, the config's `provenance.gpus`),
+    so its MFU, step times and peak memory are a-priori estimates; "" when they were, or
+    when the config does not say.
+
+    `constants()` names the constants as a `cost_models` option (`analytic`); asked only
+    when there is a note (finding the name reads files).
+    """
+    if ranked.empty or fitted is None or gpu in fitted:
+        return ""
+    name = constants()
+    search = measured_search(ranked.iloc[0], CLOSE_CALL_MAX_TRIALS, name)
+    basis = f"fitted: {', '.join(sorted(fitted))}" if fitted else "it fits no GPU kind"
+    return (f"cost_models={name} was not fitted to measured runs of {gpu} ({basis}): its "
+            f"{gpu} constants come from datasheets, published kernel and NCCL figures and "
+            f"fits of other GPU kinds (its file says which), so the MFU, step times and peak "
+            f"memory here are a-priori estimates, and the error figures of the other notes, "
+            f"measured on the study's {STUDY_GPU} runs, understate their error. Before "
+            f"committing, measure the best layouts ({search}) or fit the constants to a few "
+            f"runs of your cluster (layoutsearch-calibrate).")
 
 
 SLOW_FABRIC_EFFICIENCY = 0.3

@@ -1,17 +1,21 @@
 """The notes a ranking carries about its best layout: tight memory, a close call, a capped
-batch, the MFU convention at long context, a slow fabric."""
+batch, the MFU convention at long context, a slow fabric, constants not fitted to the GPU."""
 
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 import layoutsearch
 from layoutsearch.catalog import load_cluster, load_model
+from layoutsearch.costs import AnalyticCostModel
+from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
 from layoutsearch.notes import (
     batch_note,
     cap_raising_batch,
     close_call_note,
+    constants_note,
     fabric_note,
     headroom_note,
     mfu_convention_note,
@@ -197,3 +201,42 @@ def test_a_slow_fabric_is_named_when_its_traffic_matters() -> None:
     assert fabric_note(_best(3.0, num_gpus=8), 0.053, lambda: "x") == ""  # one node: NVLink only
     # 16 GPUs in two pipeline stages of dp 8: each data-parallel group is one node's NVLink.
     assert fabric_note(_best(3.0, num_gpus=16, dp=8), 0.053, lambda: "x") == ""
+
+
+def test_constants_not_fitted_to_the_gpu_kind_are_named() -> None:
+    # The shipped constants were fitted to the study's A100 80GB runs only (their
+    # provenance.gpus); the H100's are a-priori, and a ranking on it says so.
+    job = {"model": "llama_7b", "num_gpus": 8, "seq_length": 2048, "global_batch_size": 256,
+           "search_space": "paper"}
+    h100 = layoutsearch.search(**job, cluster="h100_sxm").attrs["constants_note"]
+    assert h100.startswith("cost_models=analytic was not fitted to measured runs of h100_sxm "
+                           "(fitted: a100_80gb): its h100_sxm constants come from datasheets")
+    # One node: the measured search it suggests runs on the local launcher.
+    assert h100.endswith("measure the best layouts (cost_models=measured "
+                         "cost_models.prescreen=analytic cost_models.top_k=8) or fit the "
+                         "constants to a few runs of your cluster (layoutsearch-calibrate).")
+    assert layoutsearch.search(**job, cluster="a100_80gb").attrs["constants_note"] == ""
+    prior = layoutsearch.search(**job, cluster="a100_80gb", cost_model="analytic_prior")
+    assert prior.attrs["constants_note"].startswith(
+        "cost_models=analytic_prior was not fitted to measured runs of a100_80gb (it fits no "
+        "GPU kind)")
+
+
+def test_the_constants_note_needs_the_fitted_kinds_and_names_slurm_beyond_a_node() -> None:
+    best = pd.DataFrame({"num_gpus": [64], "gpus_per_node": [8]})
+    note = constants_note(best, "h200", frozenset({"a100_80gb"}), lambda: "analytic")
+    assert ("(cost_models=measured cost_models.prescreen=analytic cost_models.top_k=8 "
+            "cost_models.launcher=slurm)") in note
+    assert constants_note(best, "h200", None, lambda: "x") == ""      # the file does not say
+    assert constants_note(best, "h200", frozenset({"h200"}), lambda: "x") == ""  # fitted to it
+
+
+def test_provenance_gpus_is_read_and_checked() -> None:
+    assert AnalyticCostModel.load("analytic").fitted == frozenset({"a100_80gb"})
+    assert AnalyticCostModel.load("analytic_prior").fitted == frozenset()
+    config = {"gpus": {"a100_80gb": AnalyticCostModel.load().constants["a100_80gb"].to_dict()}}
+    assert AnalyticCostModel.from_config(config).fitted is None
+    with pytest.raises(LayoutSearchError, match=r"mine.yaml: provenance.gpus='a100_80gb': must "
+                       r"be a list of the GPU kinds whose constants were fitted"):
+        AnalyticCostModel.from_config({**config, "provenance": {"gpus": "a100_80gb"}},
+                                      source="mine.yaml")

@@ -20,7 +20,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from layoutsearch.costs.constants import AnalyticConstants, load_constants, parse_constants
+from layoutsearch.costs.constants import (
+    AnalyticConstants,
+    analytic_config,
+    fitted_gpus,
+    parse_constants,
+)
 from layoutsearch.costs.memory import GIB, memory_breakdown
 from layoutsearch.costs.shapes import Array, Shapes
 from layoutsearch.costs.timing import time_breakdown
@@ -34,14 +39,20 @@ class AnalyticCostModel:
 
     name = "analytic"
 
-    def __init__(self, constants: Mapping[str, AnalyticConstants], source: str = "") -> None:
+    def __init__(self, constants: Mapping[str, AnalyticConstants], source: str = "",
+                 fitted: frozenset[str] | None = None) -> None:
         self.constants = dict(constants)
         self.source = source
+        self.fitted = fitted
+        """The GPU kinds whose constants were fitted to measured runs of that kind (the
+        config's `provenance.gpus`); None when the config does not say."""
 
     @classmethod
     def load(cls, name_or_path: str | Path = "analytic") -> AnalyticCostModel:
         """Constants from a `cost_models/` config by name, or from a YAML file."""
-        return cls(load_constants(name_or_path), source=str(name_or_path))
+        path, config = analytic_config(name_or_path)
+        return cls(parse_constants(config, str(path)), source=str(name_or_path),
+                   fitted=fitted_gpus(config, str(path)))
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], source: str = "") -> AnalyticCostModel:
@@ -52,7 +63,8 @@ class AnalyticCostModel:
                 f"{source}: unknown setting(s) {', '.join(sorted(unknown))} for the analytic "
                 "cost model; it takes 'gpus' (constants per GPU kind) and 'provenance'"
             )
-        return cls(parse_constants(config, source), source=source)
+        return cls(parse_constants(config, source), source=source,
+                   fitted=fitted_gpus(config, source))
 
     def fingerprint(self) -> str:
         """A digest of the constants: two files with the same constants price alike."""

@@ -162,7 +162,23 @@ def parse_constants(config: Mapping[str, Any], where: str) -> dict[str, Analytic
     }
 
 
-def load_constants(name_or_path: str | Path = "analytic") -> dict[str, AnalyticConstants]:
+def fitted_gpus(config: Mapping[str, Any], where: str) -> frozenset[str] | None:
+    """The GPU kinds whose constants were fitted to measured runs of that kind, as the
+    config's `provenance.gpus` lists them (layoutsearch-calibrate writes the kinds it
+    fitted there); None when the config does not say."""
+    provenance = config.get("provenance")
+    if not isinstance(provenance, Mapping) or "gpus" not in provenance:
+        return None
+    kinds = provenance["gpus"]
+    if not isinstance(kinds, list) or not all(isinstance(kind, str) for kind in kinds):
+        raise LayoutSearchError(
+            f"{where}: provenance.gpus={kinds!r}: must be a list of the GPU kinds whose "
+            "constants were fitted to measured runs of that kind (e.g. [a100_80gb], or [])")
+    return frozenset(kinds)
+
+
+def analytic_config(name_or_path: str | Path = "analytic") -> tuple[Path, dict[str, Any]]:
+    """The file and contents of a `cost_models/` config of analytic constants."""
     path = constants_path(name_or_path, target=ANALYTIC_TARGET)
     config = read_yaml_mapping(path, "cost-model constants file")
     target = config_target(config)
@@ -170,4 +186,9 @@ def load_constants(name_or_path: str | Path = "analytic") -> dict[str, AnalyticC
         raise LayoutSearchError(
             f"{path}: holds a {target.rsplit('.', 1)[-1]} config, not analytic constants; "
             "name an analytic one (analytic, analytic_prior or a calibrated file)")
+    return path, config
+
+
+def load_constants(name_or_path: str | Path = "analytic") -> dict[str, AnalyticConstants]:
+    path, config = analytic_config(name_or_path)
     return parse_constants(config, str(path))

@@ -65,6 +65,7 @@ def top_table(ranked: pd.DataFrame, k: int = TOP_K) -> str:
 NOTE_TITLES = {
     "message": "Nothing fits", "dry_run_note": "Dry run", "headroom_note": "Memory headroom",
     "close_call_note": "A close call", "fabric_note": "The fabric",
+    "constants_note": "Constants not fitted to this GPU",
     "mfu_convention_note": "MFU at long context", "failed_launches_note": "Failed launches",
     "rejected_commands_note": "Commands Megatron-LM would reject",
     "batch_note": "The global batch", "coverage_note": "What the measurements cover",

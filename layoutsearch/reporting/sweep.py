@@ -42,7 +42,8 @@ ERROR_FILE = "error.txt"
 NOTES_FILE = "notes.yaml"
 """The search's notes on its answer, which `ranked.csv` cannot carry, beside it (cli/)."""
 NOTE_TAGS = {"headroom_note": "tight memory", "close_call_note": "close call",
-             "fabric_note": "slow fabric", "mfu_convention_note": "long-context MFU",
+             "fabric_note": "slow fabric", "constants_note": "a-priori constants",
+             "mfu_convention_note": "long-context MFU",
              "dry_run_note": "dry run", "failed_launches_note": "failed launches",
              "rejected_commands_note": "commands rejected", "batch_note": "batch caps dp",
              "coverage_note": "partly measured"}
