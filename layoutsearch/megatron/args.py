@@ -48,6 +48,11 @@ FLASH2_ON_HOPPER = ("flash2 on Hopper is the flash3 command: Transformer Engine 
                     "picks version 2")
 """The note of a flash2 layout's command on a GPU that runs FlashAttention 3: a measured
 search passes it over and measures the flash3 layout of the same command instead."""
+FLASH3_PACKAGE = (
+    "FlashAttention 3 installed beside Transformer Engine (flash-attention's hopper/ build, "
+    "imported as flash_attn_interface): without it --attention-backend flash runs "
+    "FlashAttention 2, the flash2 layout")
+"""What a flash3 layout's run needs besides Megatron-LM and Transformer Engine (FLASH_KERNELS)."""
 
 
 NVTE_ATTENTION = {
@@ -72,6 +77,9 @@ class MegatronCommand:
     """Environment variables the run needs."""
     notes: tuple[str, ...] = ()
     """Where the command cannot express the layout exactly (the run would measure another)."""
+    requires: tuple[str, ...] = ()
+    """Software the run needs besides Megatron-LM and Transformer Engine to run the layout
+    as asked (FLASH3_PACKAGE for flash3), which no flag or environment variable can ask for."""
     num_gpus: int = 1
     gpus_per_node: int = 8
 
@@ -309,6 +317,7 @@ def build_command(layout: Layout, job: Job,
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     return MegatronCommand(
         argv=tuple(argv), env={**env, **settings.env}, notes=tuple(notes),
+        requires=(FLASH3_PACKAGE,) if layout.attention == "flash3" else (),
         num_gpus=job.num_gpus, gpus_per_node=job.cluster.gpus_per_node,
     )
 

@@ -248,6 +248,13 @@ def environment_words(env: Mapping[str, str]) -> list[str]:
     return [f"{name}={shlex.quote(value)}" for name, value in sorted(env.items())]
 
 
+def best_command_requirements(ranked: pd.DataFrame) -> list[str]:
+    """What the best row's run needs installed besides Megatron-LM and Transformer Engine
+    (MegatronCommand.requires); [] where nothing, or the row has no command."""
+    best = _best_command(ranked)
+    return [] if best is None else list(best[0].requires)
+
+
 def best_command_environment(ranked: pd.DataFrame) -> list[str]:
     """The environment the best row's command needs (CUDA_DEVICE_MAX_CONNECTIONS=1 with tp
     or cp > 1, Transformer Engine's attention switches), as `NAME=value` words; [] where
@@ -282,4 +289,5 @@ def best_command_lines(ranked: pd.DataFrame, width: int = 88) -> list[str]:
         segments = [env, launcher[:script], launcher[script:]]
     wrap = partial(textwrap.wrap, width=width, break_long_words=False, break_on_hyphens=False)
     return [*wrap(header), *_shell_lines(segments, width),
+            *(line for need in command.requires for line in wrap(f"needs: {need}")),
             *(line for note in command.notes for line in wrap(f"caveat: {note}"))]

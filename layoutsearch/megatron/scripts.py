@@ -62,6 +62,7 @@ def _exports(env: Mapping[str, str]) -> list[str]:
 
 def _header(command: MegatronCommand, label: str) -> list[str]:
     lines = [f"# layoutsearch: {label}" if label else "# layoutsearch launch script"]
+    lines += [f"# needs: {need}" for need in command.requires]
     lines += [f"# caveat: {note}" for note in command.notes]
     return lines
 

@@ -14,7 +14,11 @@ import pandas as pd
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.megatron import with_megatron_args
-from layoutsearch.megatron.emit import MEGATRON_SETTINGS, best_command_environment
+from layoutsearch.megatron.emit import (
+    MEGATRON_SETTINGS,
+    best_command_environment,
+    best_command_requirements,
+)
 from layoutsearch.reporting.explain import (
     NO_BREAKDOWN,
     component_name,
@@ -102,7 +106,7 @@ def _job_section(ranked: pd.DataFrame, job: Job) -> list[str]:
 
 
 def _best_section(best: pd.Series, job: Job, paths: dict[str, Path], command: str,
-                  environment: Sequence[str] = ()) -> list[str]:
+                  environment: Sequence[str] = (), requires: Sequence[str] = ()) -> list[str]:
     # A replayed run may have no memory figure (the file's column is optional).
     memory = (f"{best['peak_memory_gib']:.1f} GiB peak memory per GPU"
               if pd.notna(best["peak_memory_gib"]) else "peak memory per GPU not measured")
@@ -119,6 +123,9 @@ def _best_section(best: pd.Series, job: Job, paths: dict[str, Path], command: st
         # emit=megatron's scripts export them all.
         lines += ["Environment the run needs (emit=megatron's scripts set it):", "", "```",
                   " ".join(environment), "```", ""]
+    if command:
+        lines += [f"The run needs {need}." for need in requires]
+        lines += [""] if requires else []
     parts = sorted(((float(best[c]), c) for c in time_columns(pd.DataFrame([best]))),
                    reverse=True)
     shares = [f"{component_name(c)} {100 * v / best['step_time_s']:.1f} %"
@@ -182,9 +189,11 @@ def write_report(ranked: pd.DataFrame, out_dir: Path, *, top_k: int = TOP_K) -> 
         if not isinstance(command, str) or not command:
             command = with_megatron_args(ranked.head(1), job, ranked.attrs.get(
                 MEGATRON_SETTINGS))["megatron_args"].iloc[0]
-        environment = (best_command_environment(ranked.head(1).assign(megatron_args=command))
-                       if best.name == ranked.index[0] else [])
-        lines += _best_section(best, job, paths, str(command), environment)
+        head = ranked.head(1).assign(megatron_args=command)
+        first = best.name == ranked.index[0]
+        environment = best_command_environment(head) if first else []
+        requires = best_command_requirements(head) if first else []
+        lines += _best_section(best, job, paths, str(command), environment, requires)
     lines += ["## Every candidate", "",
               f"![MFU against peak memory]({paths[MFU_VS_MEMORY].name})", "",
               f"![best MFU per tp and pp]({paths[TP_PP_HEATMAP].name})", ""]

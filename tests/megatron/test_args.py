@@ -13,9 +13,16 @@ from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
 from layoutsearch.costs import build_cost_model
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import Layout
-from layoutsearch.megatron import MegatronSettings, build_command, parse_argv, validate_argv
+from layoutsearch.megatron import (
+    MegatronSettings,
+    best_command_lines,
+    build_command,
+    parse_argv,
+    validate_argv,
+)
 from layoutsearch.megatron.args import NVTE_ATTENTION
 from layoutsearch.megatron.inverse import row_of_argv
+from layoutsearch.megatron.scripts import sbatch_script
 from layoutsearch.paths import config_dir, config_folders
 from layoutsearch.results import job_of
 from layoutsearch.rules import violations
@@ -144,6 +151,28 @@ def test_flash2_on_hopper_is_the_flash3_command_and_says_so():
     # On Ampere, flash2 is the only FlashAttention the backend runs: exact.
     assert build_command(study_layout(64, 1, 1, attention="flash2"),
                          study_job("llama_13b", 2048, 64)).exact
+
+
+def test_a_flash3_command_says_it_needs_flashattention_3_installed(tmp_path):
+    # One command runs FlashAttention 2 or 3 by what is installed: a flash3 winner's command,
+    # script and report name the package, or the run measures the flash2 layout.
+    job = Job(model=load_model("llama3_8b"), cluster=load_cluster("h100_sxm"), num_gpus=8,
+              seq_length=8192, global_batch_size=64)
+    flash3 = build_command(Layout(dp=8, attention="flash3", rmsnorm_kernel=True), job)
+    need = ("FlashAttention 3 installed beside Transformer Engine (flash-attention's hopper/ "
+            "build, imported as flash_attn_interface): without it --attention-backend flash "
+            "runs FlashAttention 2, the flash2 layout")
+    assert flash3.requires == (need,) and flash3.exact
+    assert f"# needs: {need}" in sbatch_script(flash3, MegatronSettings())
+    assert build_command(Layout(dp=8, attention="flash2", rmsnorm_kernel=True),
+                         study_job("llama_13b", 2048, 8)).requires == ()
+    ranked = layoutsearch.search(model="llama3_8b", cluster="h100_sxm", num_gpus=8,
+                                 seq_length=8192, global_batch_size=64, attention="flash3",
+                                 rmsnorm_kernel=True)
+    lines = best_command_lines(ranked, width=1_000)
+    assert lines[-1] == f"needs: {need}"
+    report = layoutsearch.report(ranked, tmp_path).read_text()
+    assert f"The run needs {need}." in report
 
 
 def test_local_layers_get_a_norm_megatron_can_build():
