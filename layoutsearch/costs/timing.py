@@ -59,6 +59,12 @@ LOSS_TRAFFIC = 52.0
 FORWARD_KERNELS = 10.0
 ATTENTION_KERNELS = {"torch": 6.0, "fused": 3.0, "flash1": 1.0, "flash2": 1.0, "flash3": 1.0}
 UNFUSED_NORM_EXTRA_KERNELS = 6.0
+# Context parallelism runs attention as a ring of cp steps, each launching the attention
+# kernel(s) on one K/V chunk; every step after the first adds its K/V send/receive and the
+# rescaling of the partial output and its log-sum-exp (Transformer Engine's
+# AttnFuncWithCPAndKVP2P: flash_attn_p2p_communicate, flash_attn_fwd_out_correction and
+# flash_attn_fwd_softmax_lse_correction), 3 kernels.
+CP_STEP_KERNELS = 3.0
 BACKWARD_TRAFFIC = 2.0
 BACKWARD_FLOPS = 2.0  # dgrad and wgrad GEMMs are each as large as the forward GEMM
 FORWARD_AND_BACKWARD = 1.0 + BACKWARD_FLOPS  # forward + backward, in forward equivalents
@@ -254,7 +260,8 @@ def kernel_launches(sh: Shapes) -> tuple[Array, Array]:
     t = sh.tp
     # Launch overhead: the backward pass launches about twice the forward kernels;
     # recomputation launches the recomputed part's kernels again.
-    attention_kernels = sh.per_attention(ATTENTION_KERNELS)
+    cp = sh.cp
+    attention_kernels = cp * sh.per_attention(ATTENTION_KERNELS) + (cp - 1) * CP_STEP_KERNELS
     forward_kernels = (
         FORWARD_KERNELS + attention_kernels
         + np.where(sh.fused_norm, 0.0, 2 * UNFUSED_NORM_EXTRA_KERNELS)

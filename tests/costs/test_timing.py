@@ -10,8 +10,8 @@ from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs import build_cost_model
 from layoutsearch.costs.constants import load_constants
 from layoutsearch.costs.shapes import Shapes
-from layoutsearch.costs.timing import _bus_bandwidth
-from tests.costs.builders import score, table
+from layoutsearch.costs.timing import _bus_bandwidth, kernel_launches
+from tests.costs.builders import score, shapes, table
 
 # A tiny vocabulary makes the output layer negligible, so every stage does the same work.
 EVEN = dict(model_fields={"vocab_size": 128}, num_gpus=64)
@@ -151,6 +151,15 @@ def test_a_context_parallel_ring_across_nodes_sends_over_one_nic_per_hop() -> No
     attention_s = 3.5 * 4 * tokens * 32768 * h * 0.5 / (989e12 * k.flash3_efficiency)
     assert ring_s > attention_s
     assert row["time_cp_comm_s"] == pytest.approx(16 * 32 * (ring_s - attention_s))
+
+
+def test_context_parallel_attention_launches_a_kernel_per_ring_step() -> None:
+    # cp 4: four FlashAttention launches a layer instead of one, and three steps that each
+    # add a K/V send/receive and two corrections of the partial output: 3 + 9 = 12 more
+    # forward kernels, and 3x that with the backward (FORWARD_AND_BACKWARD).
+    forward, every = kernel_launches(shapes(num_gpus=64, cp=[1, 4]))
+    assert forward[1] - forward[0] == 12.0
+    assert every[1] - every[0] == 36.0
 
 
 def test_sequence_parallelism_trades_element_wise_work_for_communication() -> None:
