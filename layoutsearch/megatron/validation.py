@@ -235,15 +235,22 @@ def _size_checks(a: argparse.Namespace, world: int) -> list[Check]:
         # validate_args: "world size is not divisible by total_model_size".
         (world % model_parallel != 0, "world_size",
          f"world size {world} must divide by tp·pp·cp = {model_parallel}", "error"),
-        # validate_args: required_args; and --micro-batch-size > 0.
+        # validate_args: required_args, and "assert args.micro_batch_size is not None".
         (not all([a.num_layers, a.hidden_size, a.num_attention_heads,
-                  a.max_position_embeddings, mb]),
+                  a.max_position_embeddings]) or a.micro_batch_size is None,
          "required_args", "--num-layers, --hidden-size, --num-attention-heads, "
          "--max-position-embeddings and --micro-batch-size are required", "error"),
+        # validate_args: "assert args.micro_batch_size > 0" and "assert
+        # args.global_batch_size > 0".
+        (a.micro_batch_size is not None and mb <= 0, "micro_batch_size",
+         f"--micro-batch-size {mb} must be > 0", "error"),
+        (a.global_batch_size is not None and gbs <= 0, "global_batch_size",
+         f"--global-batch-size {gbs} must be > 0", "error"),
         # megatron/core/num_microbatches_calculator.py: global batch size is not divisible
-        # by micro batch size times data parallel size.
-        # A micro-batch of 0 is required_args's to name (and would divide by zero here).
-        (bool(dp) and mb > 0 and (not gbs or gbs % (mb * dp) != 0), "global_batch",
+        # by micro batch size times data parallel size. A batch size that is not positive
+        # is the rules' above to name (and a micro-batch of 0 would divide by zero here).
+        (bool(dp) and mb > 0 and (a.global_batch_size is None
+                                  or (gbs > 0 and gbs % (mb * dp) != 0)), "global_batch",
          f"global batch {gbs} must divide by micro-batch {mb} × dp {dp}", "error"),
     ]
 
@@ -258,7 +265,7 @@ def _pipeline_checks(a: argparse.Namespace, world: int) -> list[Check]:
     stages = pipeline_stage_layers(a)
     dp = _data_parallel(a, world)
     mb, gbs, layers = a.micro_batch_size or 0, a.global_batch_size or 0, a.num_layers or 0
-    micro_batches = gbs // (mb * dp) if mb and dp else 0
+    micro_batches = gbs // (mb * dp) if mb > 0 and dp else 0
     per_stage = layers // pp if pp else 0
     vstage = a.num_layers_per_virtual_pipeline_stage
     return [

@@ -315,6 +315,15 @@ def argv() -> list[str]:
     return list(command.argv)
 
 
+def _problems(argv: list[str]) -> list[tuple[str, str]]:
+    return [(p.rule, p.message) for p in validate_argv(argv, env=ENV, world_size=64)]
+
+
+def _remove(argv: list[str], flag: str) -> list[str]:
+    at = argv.index(flag)
+    return argv[:at] + argv[at + 2:]
+
+
 def _set(argv: list[str], flag: str, value: str) -> list[str]:
     out = list(argv)
     out[out.index(flag) + 1] = value
@@ -333,7 +342,15 @@ def test_validation_catches_each_rule(argv):
     assert "layers_per_stage" in _rules(_set(argv, "--pipeline-model-parallel-size", "16"),
                                         ENV, world=64)
     assert "global_batch" in _rules(_set(argv, "--global-batch-size", "100"), ENV)
-    assert _rules(_set(argv, "--micro-batch-size", "0"), ENV) == {"required_args"}
+    # Megatron-LM asserts both batch sizes > 0: a micro-batch of 0 or -1 is named with its
+    # value (0 divided by zero in the global-batch rule, -1 passed every rule).
+    assert _problems(_set(argv, "--micro-batch-size", "0")) == [
+        ("micro_batch_size", "--micro-batch-size 0 must be > 0")]
+    assert _problems(_set(argv, "--micro-batch-size", "-1")) == [
+        ("micro_batch_size", "--micro-batch-size -1 must be > 0")]
+    assert _problems(_set(argv, "--global-batch-size", "-2048")) == [
+        ("global_batch_size", "--global-batch-size -2048 must be > 0")]
+    assert _rules(_remove(argv, "--micro-batch-size"), ENV) == {"required_args"}
     assert "max_position_embeddings" in _rules(_set(argv, "--seq-length", "4096"), ENV)
     vp_at_pp1 = [*_set(argv, "--pipeline-model-parallel-size", "1"),
                  "--num-layers-per-virtual-pipeline-stage", "10"]
