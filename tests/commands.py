@@ -43,6 +43,11 @@ def command_in_this_process(monkeypatch: pytest.MonkeyPatch,
         capfd.readouterr()  # what the test printed before is not the command's
         root = logging.getLogger()
         handlers, level = root.handlers[:], root.level
+        # hydra/job_logging=disabled configures logging with disable_existing_loggers: every
+        # logger there was (optuna's among them) stays off for the commands after it.
+        loggers = [logger for logger in logging.Logger.manager.loggerDict.values()
+                   if isinstance(logger, logging.Logger)]
+        disabled = {logger: logger.disabled for logger in loggers}
         try:
             main()
             status = 0
@@ -56,6 +61,8 @@ def command_in_this_process(monkeypatch: pytest.MonkeyPatch,
                     handler.close()
             root.handlers[:] = handlers
             root.setLevel(level)
+            for logger, was_disabled in disabled.items():
+                logger.disabled = was_disabled
             mark_sweep_end()  # a sweep stopped by Ctrl-C ends with its process
         out, err = capfd.readouterr()
         return Finished(status, out, err)

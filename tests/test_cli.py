@@ -8,6 +8,7 @@ as a user does. The space is pinned to tp in {1, 2} to keep each run well under 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
@@ -269,11 +270,15 @@ def test_hydra_config_groups_are_left_to_hydra(tmp_path: Path, run_layoutsearch:
     # Hydra's own groups (logging, launcher, sweeper) are chosen as `hydra/<group>=...`.
     check_group_choices(["hydra/job_logging=disabled", "hydra/hydra_logging=disabled",
                          "hydra/launcher=basic"])
+    optuna_log = logging.getLogger("optuna")  # the optuna driver's warnings
     done = run_layoutsearch("hydra/job_logging=disabled", FAST, f"hydra.run.dir={tmp_path}",
-                        cwd=tmp_path)
+                            cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "ranked.csv").is_file()
     assert not (tmp_path / "layoutsearch.log").exists()  # Hydra's job log, now off
+    # Turning the job log off disables the loggers there were: a process of its own ends
+    # with them, the test process must not run later commands without optuna's.
+    assert not optuna_log.disabled
 
 
 @pytest.mark.parametrize(("removed", "message"), [
