@@ -183,5 +183,5 @@ class MeasurementFile:
 
 
 def _sync(handle: Any) -> None:
-    handle.flush()
-    os.fsync(handle.fileno())  # a SIGKILL right after must not lose the row
+    handle.flush()  # a SIGKILL right after must not lose the row
+    os.fsync(handle.fileno())  # nor a crash or power loss of the machine

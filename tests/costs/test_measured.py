@@ -532,6 +532,20 @@ def test_a_parquet_measurement_file_is_appended_to_as_parquet(tmp_path, measurem
     assert len(pd.read_parquet(fresh)) == 1
 
 
+@pytest.mark.parametrize("name", ["runs.csv", "runs.parquet"])
+def test_each_recorded_row_is_forced_to_the_disk(tmp_path, monkeypatch, measurement_row, name):
+    # The test process skips fsync (conftest: a killed process loses nothing the kernel
+    # holds), so this checks the sync itself: a machine that loses power mid-search must
+    # not lose the runs it recorded. The row is written before the sync, not after it.
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.fstat(fd).st_size))
+    path = tmp_path / name
+    MeasurementFile(path).append({**OPTIONAL_DEFAULTS, **measurement_row})
+    assert synced == [path.stat().st_size]
+    MeasurementFile(path).append({**OPTIONAL_DEFAULTS, **measurement_row, "message": "again"})
+    assert synced[1:] == [path.stat().st_size] and synced[1] > synced[0]
+
+
 WRITERS, ROWS_EACH = 4, 10
 
 
