@@ -104,8 +104,8 @@ def test_a_one_node_jobs_best_command_is_its_torchrun_line(
         tmp_path: Path, run_layoutsearch: Command) -> None:
     run_dir = tmp_path / "run"
     done = run_layoutsearch("num_gpus=8", "global_batch_size=64", "search_spaces.tp=[2]",
-                        "search_spaces.pp=[1,2]", "emit=megatron", "top_k=1",
-                        f"hydra.run.dir={run_dir}", cwd=tmp_path)
+                            "search_spaces.pp=[1,2]", "emit=megatron", "top_k=1",
+                            f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     header = "best layout's launch command (one node; emit=megatron writes it as a script):"
     assert header in done.stdout
@@ -147,7 +147,7 @@ def test_a_wrong_job_of_a_sweep_does_not_stop_the_others(
         tmp_path: Path, run_layoutsearch: Command) -> None:
     sweep = tmp_path / "sweep"
     done = run_layoutsearch("--multirun", "model=llama_7b,llama_13b", "num_gpus=12,64", FAST,
-                        f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+                            f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     # Every job ran; the exit status still says that some input was wrong.
     assert done.returncode == 2
     assert "2 of 4 jobs failed" in done.stderr and "Traceback" not in done.stderr
@@ -165,12 +165,12 @@ def test_a_sweep_rerun_into_its_folder_summarizes_only_its_own_jobs(
         tmp_path: Path, run_layoutsearch: Command) -> None:
     sweep = tmp_path / "sweep"
     first = run_layoutsearch("--multirun", "num_gpus=64,128", FAST, f"hydra.sweep.dir={sweep}",
-                         cwd=tmp_path)
+                             cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     # The rerun has one job, and a setting that cannot be resolved: it is that job's error,
     # not the end of the sweep, and job 1 of the first sweep is no part of this one.
     again = run_layoutsearch("--multirun", "num_gpus=${nope}", FAST, f"hydra.sweep.dir={sweep}",
-                         cwd=tmp_path)
+                             cwd=tmp_path)
     assert again.returncode == 2 and "Traceback" not in again.stderr
     assert "1 of 1 job failed" in again.stderr
     table = pd.read_csv(sweep / "multirun.csv")
@@ -186,7 +186,7 @@ def test_a_sweep_rerun_into_its_folder_summarizes_only_its_own_jobs(
 def test_a_setting_that_cannot_be_resolved_exits_2_naming_it(
         tmp_path: Path, run_layoutsearch: Command) -> None:
     done = run_layoutsearch("global_batch_size=${seq_lenght}", FAST, f"hydra.run.dir={tmp_path}",
-                        cwd=tmp_path)
+                            cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "global_batch_size: cannot resolve its value" in done.stderr
     assert "'seq_lenght' not found" in done.stderr
@@ -377,7 +377,7 @@ def test_a_chosen_option_that_is_not_valid_yaml_is_named_with_its_line(
         check_group_choices(["--config-dir", str(folder), "search_spaces=mine"])
     check_group_choices(["--config-dir", str(folder), "search_spaces=paper"])  # not chosen
     done = run_layoutsearch("--config-dir", str(folder), "search_spaces=mine",
-                        f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+                            f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
 
 
@@ -466,7 +466,7 @@ def test_spec_fields_the_yaml_leaves_out_can_be_set(
         "-m", "++model.position_embedding_type=rope", "model.num_layers=2", "top_k=1",
         "cluster.gpu.memory_gib=94", FAST]
     done = run_layoutsearch("model.add_bias_linear=true", FAST, f"hydra.run.dir={tmp_path}",
-                        cwd=tmp_path)
+                            cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "ranked.csv").is_file()
 
@@ -530,7 +530,7 @@ def test_nothing_fits_prints_the_reason(tmp_path: Path, capsys: pytest.CaptureFi
 def test_nothing_fits_exits_3_so_a_launch_script_stops(
         tmp_path: Path, run_layoutsearch: Command) -> None:
     done = run_layoutsearch("model=llama_65b", "num_gpus=8", FAST, "emit=megatron",
-                        f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+                            f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert done.returncode == 3, done.stderr
     assert "no layout fits" in done.stdout and "Traceback" not in done.stderr
     assert (tmp_path / "run" / "ranked.csv").is_file()  # the outputs are still written
@@ -554,7 +554,7 @@ def test_a_wrong_setting_value_is_named_without_a_traceback(
 def test_a_sweep_with_a_job_that_fits_nowhere_exits_0(
         tmp_path: Path, run_layoutsearch: Command) -> None:
     done = run_layoutsearch("--multirun", "model=llama_65b", "num_gpus=8,128", FAST,
-                        f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+                            f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     table = pd.read_csv(tmp_path / "sweep" / "multirun.csv")
     assert sorted(table["feasible"] > 0) == [False, True]
@@ -581,8 +581,8 @@ def test_a_cost_model_without_breakdowns_says_so() -> None:
 
 def test_a_dry_run_exits_0_with_its_scripts(tmp_path: Path, run_layoutsearch: Command) -> None:
     done = run_layoutsearch("cost_models=measured", "cost_models.prescreen=analytic",
-                        "cost_models.top_k=1", "cost_models.launcher=dry_run", FAST,
-                        "emit=megatron", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+                            "cost_models.top_k=1", "cost_models.launcher=dry_run", FAST,
+                            "emit=megatron", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "note: dry run: wrote 1 launch script and measured nothing (rows 0-0): " \
         in done.stdout
@@ -678,7 +678,7 @@ def test_relative_paths_mean_the_same_with_hydra_job_chdir(
     (tmp_path / "site_megatron.yaml").write_text(
         shipped.read_text().replace("extra_args: []", "extra_args: [--seed, '99']"))
     done = run_layoutsearch("megatron=site_megatron.yaml", "hydra.job.chdir=true", FAST,
-                        f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+                            f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     ranked = pd.read_csv(tmp_path / "run" / "ranked.csv")
     assert ranked.loc[0, "megatron_args"].endswith("--seed 99")
@@ -711,7 +711,7 @@ def test_names_in_settings_are_found_in_the_users_config_folder(
     assert done.returncode == 0, done.stderr
     # Without the folder the names are unknown, and the message lists the shipped ones.
     done = run_layoutsearch("cost_models=measured", "cost_models.megatron=my_megatron",
-                        f"hydra.run.dir={tmp_path / 'out2'}", cwd=tmp_path)
+                            f"hydra.run.dir={tmp_path / 'out2'}", cwd=tmp_path)
     assert done.returncode == 2
     assert "unknown Megatron-LM settings 'my_megatron'" in done.stderr
 

@@ -825,9 +825,9 @@ def test_the_command_line_runs_an_optuna_search_over_replayed_runs(
     runs = tmp_path / "runs.csv"
     pd.DataFrame([{**measurement_row, "distributed_optimizer": True}]).to_csv(runs, index=False)
     done = run_layoutsearch("driver=optuna", "driver.n_trials=4", "driver.progress=false",
-                        "cost_models=replay", f"cost_models.path={runs}",
-                        "search_spaces.tp=[1,2]", f"hydra.run.dir={tmp_path / 'run'}",
-                        cwd=tmp_path)
+                            "cost_models=replay", f"cost_models.path={runs}",
+                            "search_spaces.tp=[1,2]", f"hydra.run.dir={tmp_path / 'run'}",
+                            cwd=tmp_path)
     ranked = pd.read_csv(tmp_path / "run" / "ranked.csv")
     # The file measured one layout: the study prices it, and spends nothing on the others.
     assert done.returncode == 0, done.stderr

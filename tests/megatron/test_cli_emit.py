@@ -44,8 +44,8 @@ def test_emit_megatron_takes_the_settings_file_named_by_megatron(
                         "extra_args: [--no-gradient-accumulation-fusion]\n")
     run_dir = tmp_path / "run"
     done = run_layoutsearch("num_gpus=8", "global_batch_size=64", "search_spaces.tp=[1]",
-                        "search_spaces.pp=[1]", "emit=megatron", "top_k=1",
-                        f"megatron={settings}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+                            "search_spaces.pp=[1]", "emit=megatron", "top_k=1",
+                            f"megatron={settings}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     (script,) = (run_dir / "megatron").glob("*.sh")
     argv = shlex.split(script.read_text().strip().splitlines()[-1])

@@ -98,7 +98,7 @@ def test_a_job_that_failed_after_its_ranking_is_one_row_with_both(tmp_path: Path
 
 def test_the_command_writes_the_sweep_table(tmp_path: Path, run_layoutsearch: Command) -> None:
     done = run_layoutsearch("--multirun", "num_gpus=64,128", "search_spaces.tp=[1,2]",
-                        "search_spaces.pp=[1,2]", f"hydra.sweep.dir={tmp_path}", cwd=tmp_path)
+                            "search_spaces.pp=[1,2]", f"hydra.sweep.dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     table = pd.read_csv(tmp_path / "multirun.csv")
     assert [o.split()[0] for o in table["overrides"]] == ["num_gpus=64", "num_gpus=128"]
