@@ -36,7 +36,6 @@ def plain_cell(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-
 def uses_transformer_engine(flash_attention: Any, rmsnorm_kernel: Any,
                             sequence_parallel: Any, tp: Any) -> Any:
     """Whether the layout's Megatron-LM command runs Transformer Engine's layers, for one

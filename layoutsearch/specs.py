@@ -85,6 +85,8 @@ def _require_positive_number(owner: str, name: str, value: Any) -> None:
 
 
 Spec = TypeVar("Spec", "ModelSpec", "ClusterSpec")
+
+
 def _replace(spec: Spec, kind: str, changes: dict[str, Any]) -> Spec:
     valid = {f.name for f in dataclasses.fields(spec)}
     for key in changes:
