@@ -286,12 +286,16 @@ def constants_note(ranked: pd.DataFrame, gpu: str, fitted: frozenset[str] | None
         return ""
     name = constants()
     search = measured_search(ranked.iloc[0], CLOSE_CALL_MAX_TRIALS, name)
-    basis = f"fitted: {', '.join(sorted(fitted))}" if fitted else "it fits no GPU kind"
+    # An a-priori file (analytic_prior) borrows from no fit: it says so, and no more.
+    basis, sources = ((f"fitted: {', '.join(sorted(fitted))}",
+                       "published kernel and NCCL figures and fits of other GPU kinds")
+                      if fitted else
+                      ("fitted to no GPU kind's runs", "published kernel and NCCL figures"))
     return (f"cost_models={name} was not fitted to measured runs of {gpu} ({basis}): its "
-            f"{gpu} constants come from datasheets, published kernel and NCCL figures and "
-            f"fits of other GPU kinds (its file says which), so the MFU, step times and peak "
-            f"memory here are a-priori estimates, and the error figures of the other notes, "
-            f"measured on the study's {STUDY_GPU} runs, understate their error. Before "
+            f"{gpu} constants come from datasheets, {sources} (its file says which), so "
+            f"the MFU, step times and peak memory here are a-priori estimates, and the error "
+            f"figures of the other notes, measured on the study's {STUDY_GPU} runs, "
+            f"understate their error. Before "
             f"committing, measure the best layouts ({search}) or fit the constants to a few "
             f"runs of your cluster (layoutsearch-calibrate).")
 

@@ -217,9 +217,11 @@ def test_constants_not_fitted_to_the_gpu_kind_are_named() -> None:
                          "constants to a few runs of your cluster (layoutsearch-calibrate).")
     assert layoutsearch.search(**job, cluster="a100_80gb").attrs["constants_note"] == ""
     prior = layoutsearch.search(**job, cluster="a100_80gb", cost_model="analytic_prior")
+    # A-priori constants borrow from no fit, and the note claims none.
     assert prior.attrs["constants_note"].startswith(
-        "cost_models=analytic_prior was not fitted to measured runs of a100_80gb (it fits no "
-        "GPU kind)")
+        "cost_models=analytic_prior was not fitted to measured runs of a100_80gb (fitted to "
+        "no GPU kind's runs): its a100_80gb constants come from datasheets, published kernel "
+        "and NCCL figures (its file says which), so the MFU")
 
 
 def test_the_constants_note_needs_the_fitted_kinds_and_names_slurm_beyond_a_node() -> None:
