@@ -458,9 +458,23 @@ def _logging_checks(a: argparse.Namespace) -> list[Check]:
     ]
 
 
+def _parallel_size_checks(a: argparse.Namespace) -> list[Check]:
+    """tp, pp and cp are each at least 1: every other rule divides by them (Megatron-LM's
+    own validate_args fails there with a ZeroDivisionError, not a message)."""
+    sizes = {"--tensor-model-parallel-size": a.tensor_model_parallel_size,
+             "--pipeline-model-parallel-size": a.pipeline_model_parallel_size,
+             "--context-parallel-size": a.context_parallel_size}
+    return [(size < 1, "parallel_size", f"{flag} {size} must be >= 1", "error")
+            for flag, size in sizes.items()]
+
+
 def _checks(a: argparse.Namespace, env: Mapping[str, str], world: int) -> list[Check]:
     """Every rule, group by group, in the order their problems are reported; `a` is the
-    parsed argv."""
+    parsed argv. A parallel size below 1 is the only problem reported: the other rules
+    would divide by it."""
+    sizes = _parallel_size_checks(a)
+    if any(broken for broken, *_ in sizes):
+        return sizes
     return [*_size_checks(a, world), *_pipeline_checks(a, world), *_attention_head_checks(a),
             *_sequence_checks(a), *_recompute_checks(a), *_training_checks(a),
             *_implementation_checks(a, env), *_logging_checks(a)]

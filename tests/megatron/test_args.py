@@ -351,6 +351,13 @@ def test_validation_catches_each_rule(argv):
     assert _problems(_set(argv, "--global-batch-size", "-2048")) == [
         ("global_batch_size", "--global-batch-size -2048 must be > 0")]
     assert _rules(_remove(argv, "--micro-batch-size"), ENV) == {"required_args"}
+    # A parallel size below 1 is named alone: every other rule divides by it.
+    assert _problems(_set(argv, "--tensor-model-parallel-size", "0")) == [
+        ("parallel_size", "--tensor-model-parallel-size 0 must be >= 1")]
+    assert _problems([*_set(argv, "--pipeline-model-parallel-size", "-2"),
+                      "--context-parallel-size", "0"]) == [
+        ("parallel_size", "--pipeline-model-parallel-size -2 must be >= 1"),
+        ("parallel_size", "--context-parallel-size 0 must be >= 1")]
     assert "max_position_embeddings" in _rules(_set(argv, "--seq-length", "4096"), ENV)
     vp_at_pp1 = [*_set(argv, "--pipeline-model-parallel-size", "1"),
                  "--num-layers-per-virtual-pipeline-stage", "10"]
