@@ -3,6 +3,8 @@ batch, the MFU convention at long context, a slow fabric, constants not fitted t
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import pytest
 
@@ -241,4 +243,9 @@ def test_provenance_gpus_is_read_and_checked() -> None:
     with pytest.raises(LayoutSearchError, match=r"mine.yaml: provenance.gpus='a100_80gb': must "
                        r"be a list of the GPU kinds whose constants were fitted"):
         AnalyticCostModel.from_config({**config, "provenance": {"gpus": "a100_80gb"}},
+                                      source="mine.yaml")
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            "mine.yaml: provenance.gpus names 'a100_80g', which the file has no constants "
+            "for; its GPU kinds: a100_80gb")):
+        AnalyticCostModel.from_config({**config, "provenance": {"gpus": ["a100_80g"]}},
                                       source="mine.yaml")

@@ -174,6 +174,13 @@ def fitted_gpus(config: Mapping[str, Any], where: str) -> frozenset[str] | None:
         raise LayoutSearchError(
             f"{where}: provenance.gpus={kinds!r}: must be a list of the GPU kinds whose "
             "constants were fitted to measured runs of that kind (e.g. [a100_80gb], or [])")
+    # A fitted kind has fitted constants in the file: a name that has none is a typo, and
+    # would leave the kind it meant uncovered by the note on a-priori constants.
+    unknown = [kind for kind in kinds if kind not in config.get("gpus", {})]
+    if unknown:
+        raise LayoutSearchError(
+            f"{where}: provenance.gpus names {', '.join(map(repr, unknown))}, which the file "
+            f"has no constants for; its GPU kinds: {', '.join(config.get('gpus', {}))}")
     return frozenset(kinds)
 
 
