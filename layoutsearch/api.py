@@ -28,7 +28,7 @@ from layoutsearch.errors import LayoutSearchError, closest_names
 from layoutsearch.layout import Layout
 from layoutsearch.measurements import read_table, validate_measurements
 from layoutsearch.megatron import with_megatron_args
-from layoutsearch.megatron.args import build_command, reduces_in_bf16
+from layoutsearch.megatron.args import build_command, flash3_attention_option, reduces_in_bf16
 from layoutsearch.megatron.emit import (
     MEGATRON_SETTINGS,
     SettingsSpec,
@@ -189,7 +189,7 @@ def search(
     ranked.attrs["fabric_note"] = _fabric_note(ranked, scorer, job)
     ranked.attrs["constants_note"] = (
         constants_note(ranked, job.cluster.gpu.name, scorer.fitted,
-                       lambda: _constants_name(scorer))
+                       lambda: _constants_name(scorer), _measured_search_options(ranked, job))
         if isinstance(scorer, AnalyticCostModel) else "")
     ranked.attrs["failed_launches_note"] = failed_launches_note(ranked)
     ranked.attrs["rejected_commands_note"] = rejected_commands_note(ranked)
@@ -313,7 +313,16 @@ def _close_call_note(ranked: pd.DataFrame, scorer: CostModel, searcher: Driver, 
     named = str(megatron) if isinstance(megatron, str | Path) else ""
     # A layout's command caveats (e.g. flash1) come from the layout and model alone.
     return close_call_note(ranked, prescreen=lambda: _constants_name(scorer), settings=named,
-                           launchable=lambda row: build_command(Layout.from_row(row), job).exact)
+                           launchable=lambda row: build_command(Layout.from_row(row), job).exact,
+                           options=_measured_search_options(ranked, job))
+
+
+def _measured_search_options(ranked: pd.DataFrame, job: Job) -> str:
+    """What a measured search the notes suggest needs beyond the ranking's own options: on
+    a GPU that runs FlashAttention 3, flash3 in a space that has flash2 and not flash3."""
+    if not job.cluster.gpu.supports_flash3 or ranked.empty:
+        return ""
+    return flash3_attention_option(set(ranked["attention"].astype(str)))
 
 
 def _fabric_note(ranked: pd.DataFrame, scorer: CostModel, job: Job) -> str:

@@ -141,7 +141,7 @@ CLOSE_CALL_MAX_TRIALS = 8
 def close_call_note(ranked: pd.DataFrame, *,
                     launchable: Callable[[dict[str, Any]], bool] = lambda row: True,
                     prescreen: Callable[[], str] = lambda: "analytic",
-                    settings: str = "") -> str:
+                    settings: str = "", options: str = "") -> str:
     """A note when other fitting layouts are within CLOSE_CALL_GAP of the best's predicted
     MFU, naming the next one and the measured search that settles the order; "" otherwise.
 
@@ -150,7 +150,8 @@ def close_call_note(ranked: pd.DataFrame, *,
     command runs the layout as asked) are counted, named and suggested for measuring;
     `prescreen()` names the cost model the suggested measured search ranks with (asked only
     when there is a note: finding the name may read files); `settings` names the
-    Megatron-LM settings it launches with ("" for the shipped ones).
+    Megatron-LM settings it launches with ("" for the shipped ones); `options` are more
+    options it needs (e.g. the flash3 kernel on Hopper: flash3_attention_option).
     """
     if ranked.empty or not bool(ranked["fits"].iloc[0]):
         return ""
@@ -174,19 +175,20 @@ def close_call_note(ranked: pd.DataFrame, *,
             f"); on the study's runs {100 * CLOSE_CALL_WRONG_ORDER:.0f} % of the layout pairs "
             f"the shipped analytic model predicted this close ran in the other order. Measure "
             f"the top {trials}{capped} before committing: "
-            f"{measured_search(best, trials, prescreen(), settings)}.")
+            f"{measured_search(best, trials, prescreen(), settings, options)}.")
 
 
 def measured_search(best: pd.Series, trials: int, prescreen: str,
-                    settings: str = "") -> str:
+                    settings: str = "", options: str = "") -> str:
     """The options of a measured search that launches the `trials` best layouts by the
     `prescreen` constants, for the job of the row `best`; `settings` names its Megatron-LM
-    settings ("" for the shipped ones)."""
+    settings ("" for the shipped ones), `options` are more options it needs."""
     # The local launcher runs one node; a job on more needs Slurm.
     nodes = int(best["num_gpus"]) > int(best["gpus_per_node"])
     return (f"cost_models=measured cost_models.prescreen={prescreen} "
             f"cost_models.top_k={trials}" + (" cost_models.launcher=slurm" if nodes else "")
-            + (f" cost_models.megatron={settings}" if settings else ""))
+            + (f" cost_models.megatron={settings}" if settings else "")
+            + (f" {options}" if options else ""))
 
 
 MASKED_ATTENTION_SHARE = 0.2
@@ -273,19 +275,20 @@ STUDY_GPU = "a100_80gb"
 
 
 def constants_note(ranked: pd.DataFrame, gpu: str, fitted: frozenset[str] | None,
-                   constants: Callable[[], str]) -> str:
+                   constants: Callable[[], str], options: str = "") -> str:
     """A note when the analytic constants that priced `ranked` were not fitted to measured
     runs of its GPU kind (`fitted`: the kinds that were, the config's `provenance.gpus`),
     so its MFU, step times and peak memory are a-priori estimates; "" when they were, or
     when the config does not say.
 
     `constants()` names the constants as a `cost_models` option (`analytic`); asked only
-    when there is a note (finding the name reads files).
+    when there is a note (finding the name reads files). `options` are more options the
+    measured search it suggests needs (as in close_call_note).
     """
     if ranked.empty or fitted is None or gpu in fitted:
         return ""
     name = constants()
-    search = measured_search(ranked.iloc[0], CLOSE_CALL_MAX_TRIALS, name)
+    search = measured_search(ranked.iloc[0], CLOSE_CALL_MAX_TRIALS, name, options=options)
     # An a-priori file (analytic_prior) borrows from no fit: it says so, and no more.
     basis, sources = ((f"fitted: {', '.join(sorted(fitted))}",
                        "published kernel and NCCL figures and fits of other GPU kinds")

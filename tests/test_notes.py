@@ -213,10 +213,12 @@ def test_constants_not_fitted_to_the_gpu_kind_are_named() -> None:
     h100 = layoutsearch.search(**job, cluster="h100_sxm").attrs["constants_note"]
     assert h100.startswith("cost_models=analytic was not fitted to measured runs of h100_sxm "
                            "(fitted: a100_80gb): its h100_sxm constants come from datasheets")
-    # One node: the measured search it suggests runs on the local launcher.
+    # One node: the measured search it suggests runs on the local launcher, with flash3,
+    # which the study's space lacks and Hopper runs for its flash2 layouts.
     assert h100.endswith("measure the best layouts (cost_models=measured "
-                         "cost_models.prescreen=analytic cost_models.top_k=8) or fit the "
-                         "constants to a few runs of your cluster (layoutsearch-calibrate).")
+                         "cost_models.prescreen=analytic cost_models.top_k=8 "
+                         "search_spaces.attention=[torch,fused,flash1,flash2,flash3]) or fit "
+                         "the constants to a few runs of your cluster (layoutsearch-calibrate).")
     assert layoutsearch.search(**job, cluster="a100_80gb").attrs["constants_note"] == ""
     prior = layoutsearch.search(**job, cluster="a100_80gb", cost_model="analytic_prior")
     # A-priori constants borrow from no fit, and the note claims none.
@@ -249,3 +251,15 @@ def test_provenance_gpus_is_read_and_checked() -> None:
             "for; its GPU kinds: a100_80gb")):
         AnalyticCostModel.from_config({**config, "provenance": {"gpus": ["a100_80g"]}},
                                       source="mine.yaml")
+
+
+def test_a_suggested_measured_search_on_hopper_adds_flash3_where_the_space_lacks_it() -> None:
+    # On H100 a flash2 layout's command runs FlashAttention 3, so a measured search passes it
+    # over: in the study's space (no flash3) the suggested one would measure no FlashAttention.
+    job = dict(model="llama3_8b", cluster="h100_sxm", num_gpus=16, seq_length=8192,
+               global_batch_size=128)
+    paper = layoutsearch.search(**job)
+    assert ("cost_models.launcher=slurm search_spaces.attention=[torch,fused,flash1,flash2,"
+            "flash3]) or fit") in paper.attrs["constants_note"]
+    default = layoutsearch.search(**job, search_space="default")
+    assert "search_spaces.attention" not in default.attrs["constants_note"]

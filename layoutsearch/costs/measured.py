@@ -35,6 +35,7 @@ from layoutsearch.megatron.args import (
     FLASH_KERNELS,
     MegatronCommand,
     command_of_row,
+    flash3_attention_option,
     job_of_row,
 )
 from layoutsearch.megatron.checks import every_command_rejected, rejection
@@ -313,12 +314,10 @@ class MeasuredCostModel:
                 f"{'them' if len(passed) > 1 else 'it'} as asked: the best, "
                 f"{Layout.from_row(candidates.loc[best]).describe()} (predicted MFU "
                 f"{float(prior.loc[best, 'mfu']):.3f}{against}): {passed[best]}.")
-        kernels = list(dict.fromkeys(candidates["attention"].astype(str)))
-        if FLASH2_ON_HOPPER in passed.values() and "flash3" not in kernels:
-            listed = ",".join([*kernels, "flash3"])
+        option = flash3_attention_option(set(candidates["attention"].astype(str)))
+        if FLASH2_ON_HOPPER in passed.values() and option:
             note += (" On this GPU FlashAttention is measured as flash3, which the space "
-                     f"leaves out: add it (search_spaces.attention=[{listed}], or "
-                     "attention=[..., 'flash3'] in Python).")
+                     f"leaves out: add it ({option}, or attention=[..., 'flash3'] in Python).")
         return note
 
     def unpriced(self, candidates: pd.DataFrame,

@@ -12,7 +12,7 @@ The result is an argv list, never a shell string; scripts quote it with `shlex`.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -21,7 +21,13 @@ import pandas as pd
 
 from layoutsearch.costs.constants import load_constants
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.layout import FLASH_ATTENTION, Layout, plain_cell, uses_transformer_engine
+from layoutsearch.layout import (
+    ATTENTION_KERNELS,
+    FLASH_ATTENTION,
+    Layout,
+    plain_cell,
+    uses_transformer_engine,
+)
 from layoutsearch.megatron.settings import MegatronSettings
 from layoutsearch.pipeline import stage_layers
 from layoutsearch.rules import FUSED_SOFTMAX_SHAPE, fused_softmax_takes
@@ -48,6 +54,17 @@ FLASH2_ON_HOPPER = ("flash2 on Hopper is the flash3 command: Transformer Engine 
                     "picks version 2")
 """The note of a flash2 layout's command on a GPU that runs FlashAttention 3: a measured
 search passes it over and measures the flash3 layout of the same command instead."""
+
+
+def flash3_attention_option(kernels: Collection[str]) -> str:
+    """The search-space option that adds flash3 to a space's attention kernels (`kernels`)
+    that hold flash2 and no flash3, for a GPU that runs FlashAttention 3: there a measured
+    search passes the flash2 layouts over (FLASH2_ON_HOPPER), so without flash3 it measures
+    no FlashAttention layout. "" where the space needs nothing added."""
+    if "flash2" not in kernels or "flash3" in kernels:
+        return ""
+    listed = [kernel for kernel in ATTENTION_KERNELS if kernel in kernels or kernel == "flash3"]
+    return f"search_spaces.attention=[{','.join(listed)}]"
 FLASH3_PACKAGE = (
     "FlashAttention 3 installed beside Transformer Engine (flash-attention's hopper/ build, "
     "imported as flash_attn_interface): without it --attention-backend flash runs "
