@@ -98,6 +98,9 @@ def test_run_writes_the_same_ranking_as_the_python_api(tmp_path: Path) -> None:
                             keep_default_na=False).loc[0, "megatron_args"]
     assert shell_words(out, "best layout's command") == shlex.split(best_args)
     assert out.index("best layout, memory") < out.index("best layout's command")
+    # report.md's table holds the same top_k rows.
+    report_md = (tmp_path / "run" / "report.md").read_text()
+    assert "## Top 3 layouts" in report_md and "\n| 4 |" not in report_md
 
 
 def test_a_one_node_jobs_best_command_is_its_torchrun_line(

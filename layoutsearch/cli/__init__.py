@@ -120,7 +120,7 @@ def run(config: Mapping[str, Any], output_dir: Path,
     output_dir.mkdir(parents=True, exist_ok=True)
     csv = write_ranking(ranked, output_dir)
     notes = write_notes(ranked, output_dir)
-    markdown = write_run_report(ranked, output_dir)
+    markdown = write_run_report(ranked, output_dir, top_k=top_k)
     print(report(ranked, space, top_k=top_k))
     if emit is not None:
         EMITTERS[emit](ranked, output_dir, top_k=top_k)
