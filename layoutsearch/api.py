@@ -322,7 +322,7 @@ def _measured_search_options(ranked: pd.DataFrame, job: Job) -> str:
     a GPU that runs FlashAttention 3, flash3 in a space that has flash2 and not flash3."""
     if not job.cluster.gpu.supports_flash3 or ranked.empty:
         return ""
-    return flash3_attention_option(set(ranked["attention"].astype(str)))
+    return flash3_attention_option({str(kernel) for kernel in ranked["attention"].unique()})
 
 
 def _fabric_note(ranked: pd.DataFrame, scorer: CostModel, job: Job) -> str:

@@ -314,7 +314,7 @@ class MeasuredCostModel:
                 f"{'them' if len(passed) > 1 else 'it'} as asked: the best, "
                 f"{Layout.from_row(candidates.loc[best]).describe()} (predicted MFU "
                 f"{float(prior.loc[best, 'mfu']):.3f}{against}): {passed[best]}.")
-        option = flash3_attention_option(set(candidates["attention"].astype(str)))
+        option = flash3_attention_option({str(k) for k in candidates["attention"].unique()})
         if FLASH2_ON_HOPPER in passed.values() and option:
             note += (" On this GPU FlashAttention is measured as flash3, which the space "
                      f"leaves out: add it ({option}, or attention=[..., 'flash3'] in Python).")
