@@ -27,13 +27,18 @@ from layoutsearch.testing import (
 from layoutsearch.testing.__main__ import main as write_fake_settings
 
 
-def test_fake_run_of_a_layout_that_does_not_fit_is_an_oom(tmp_path):
-    job = Job(model=load_model("llama_65b"), cluster=load_cluster("a100_80gb"), num_gpus=8,
+def _fake_run(tmp_path, model: str, layout: Layout, name: str):
+    """One launch of the fake Megatron-LM for `layout` of `model` on 8 A100 80GB."""
+    job = Job(model=load_model(model), cluster=load_cluster("a100_80gb"), num_gpus=8,
               seq_length=2048, global_batch_size=64)
     settings = fake_megatron_settings(tmp_path)
-    command = build_command(Layout(tp=8, dp=1, rmsnorm_kernel=True), job, settings)
-    log = LocalLauncher(settings).run(Trial(name="oom", command=command,
-                                            log_path=tmp_path / "oom.log"))
+    command = build_command(layout, job, settings)
+    return LocalLauncher(settings).run(Trial(name=name, command=command,
+                                             log_path=tmp_path / f"{name}.log"))
+
+
+def test_fake_run_of_a_layout_that_does_not_fit_is_an_oom(tmp_path):
+    log = _fake_run(tmp_path, "llama_65b", Layout(tp=8, dp=1, rmsnorm_kernel=True), "oom")
     result = parse_log(log.text, returncode=log.returncode)
     assert result.status == "oom" and "torch.OutOfMemoryError" in result.message
 
@@ -41,16 +46,12 @@ def test_fake_run_of_a_layout_that_does_not_fit_is_an_oom(tmp_path):
 def test_fake_prints_the_lines_of_current_megatron_lm(tmp_path):
     # training.py::training_log and utils.py::report_memory of Megatron-LM main (2026): a
     # timestamp with microseconds, memory to two decimals after iterations 1 and 2.
-    job = Job(model=load_model("llama_7b"), cluster=load_cluster("a100_80gb"), num_gpus=8,
-              seq_length=2048, global_batch_size=64)
-    settings = fake_megatron_settings(tmp_path)
-    command = build_command(Layout(tp=1, dp=8, rmsnorm_kernel=True), job, settings)
-    log = LocalLauncher(settings).run(Trial(name="ok", command=command,
-                                            log_path=tmp_path / "ok.log"))
+    log = _fake_run(tmp_path, "llama_7b", Layout(tp=1, dp=8, rmsnorm_kernel=True), "ok")
     lines = log.text.splitlines()
+    iters = fake_megatron_settings(tmp_path).train_iters
     first = next(line for line in lines if " iteration        1/" in line)
     assert re.match(r" \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}\] iteration        1/"
-                    rf"{settings.train_iters:8d} \| consumed samples:           64 \| "
+                    rf"{iters:8d} \| consumed samples:           64 \| "
                     r"elapsed time per iteration \(ms\): [\d.]+ \| "
                     r"throughput per GPU \(TFLOP/s/GPU\): [\d.]+ \| learning rate: "
                     r"1\.000000E-04 \| global batch size:    64 \|", first), first
