@@ -7,7 +7,7 @@ import pytest
 
 import layoutsearch
 from layoutsearch.reporting.explain import compare, label, why_rejected
-from layoutsearch.reporting.study_rules import check_study_rules
+from layoutsearch.reporting.study_rules import RuleVerdict, check_study_rules
 from layoutsearch.results import job_of
 
 JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
@@ -17,6 +17,14 @@ JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=20
 @pytest.fixture(scope="module")
 def ranked() -> pd.DataFrame:
     return layoutsearch.search(**JOB)
+
+
+def _verdict(rows: pd.DataFrame, rule: str, job_from: pd.DataFrame | None = None) -> RuleVerdict:
+    """The study-rules check's verdict on `rule` for `rows`, the job read from `job_from`
+    (by default `rows` itself)."""
+    check = check_study_rules(rows, job_of(rows if job_from is None else job_from, "test"))
+    assert check is not None
+    return next(v for v in check.verdicts if v.rule == rule)
 
 
 def test_the_rules_pick_replayed_on_the_grid_equals_the_paper_driver(ranked: pd.DataFrame) -> None:
@@ -94,9 +102,7 @@ def test_pipeline_before_tensor_compares_splits_of_the_same_tp_pp_under_context_
     best = ranked.iloc[0]
     assert (best["tp"], best["pp"], best["cp"]) == (2, 4, 4)
     assert not ranked[(ranked["tp"] == 1) & (ranked["pp"] == 8)]["fits"].any()
-    check = check_study_rules(ranked, job_of(ranked, "test"))
-    assert check is not None
-    verdict = next(v for v in check.verdicts if v.rule == "pipeline before tensor parallelism")
+    verdict = _verdict(ranked, "pipeline before tensor parallelism")
     assert (verdict.follows, verdict.detail) == (True, "tp2 pp4")
 
 
@@ -106,10 +112,8 @@ def test_pipeline_before_tensor_weighs_the_tp1_split_without_sequence_parallelis
     # parallelism, fits and loses; the rule is departed from, naming it.
     idx = ranked.index[ranked["fits"] & (ranked["tp"] == 2) & (ranked["pp"] == 1)
                        & ranked["sequence_parallel"]][0]
-    check = check_study_rules(pd.concat([ranked.loc[[idx]], ranked.drop(index=idx)]),
-                              job_of(ranked, "test"))
-    assert check is not None
-    verdict = next(v for v in check.verdicts if v.rule == "pipeline before tensor parallelism")
+    verdict = _verdict(pd.concat([ranked.loc[[idx]], ranked.drop(index=idx)]),
+                       "pipeline before tensor parallelism", job_from=ranked)
     assert verdict.follows is False
     assert "more pipeline stages lose: tp1 pp2 dp32" in verdict.detail
 
@@ -122,19 +126,13 @@ def test_a_layernorm_model_follows_the_kernel_rule_with_flash2_alone() -> None:
                                  tp=[4], pp=[16], recompute=["none"], micro_batch_size=[1])
     best = ranked.iloc[0]
     assert (best["attention"], bool(best["rmsnorm_kernel"])) == ("flash2", False)
-    check = check_study_rules(ranked, job_of(ranked, "test"))
-    assert check is not None
-    verdict = next(v for v in check.verdicts
-                   if v.rule == "FlashAttention 2 with the RMSNorm kernel")
+    verdict = _verdict(ranked, "FlashAttention 2 with the RMSNorm kernel")
     assert verdict.follows is True
     assert "does not apply to a LayerNorm model" in verdict.detail
     assert "was not priced" not in verdict.detail
     fused = pd.concat([ranked[ranked["attention"] == "fused"].head(1),
                        ranked[ranked["attention"] != "fused"]])
-    check = check_study_rules(fused, job_of(ranked, "test"))
-    assert check is not None
-    verdict = next(v for v in check.verdicts
-                   if v.rule == "FlashAttention 2 with the RMSNorm kernel")
+    verdict = _verdict(fused, "FlashAttention 2 with the RMSNorm kernel", job_from=ranked)
     assert verdict.follows is False
     assert "; with them: tp4 pp16 dp16 mb1 sp flash2 recompute=none reaches" in verdict.detail
 
