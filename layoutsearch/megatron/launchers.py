@@ -21,7 +21,12 @@ from typing import Any, Protocol
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.lifetime import STOP_GRACE_S, stop_process_tree, stop_with_parent
 from layoutsearch.megatron.args import MegatronCommand
-from layoutsearch.megatron.scripts import torchrun_argv, trial_time_limit_s, write_script
+from layoutsearch.megatron.scripts import (
+    enter_checkout,
+    torchrun_argv,
+    trial_time_limit_s,
+    write_script,
+)
 from layoutsearch.megatron.settings import MegatronSettings
 from layoutsearch.megatron.slurm_options import submitit_parameters
 
@@ -68,12 +73,19 @@ class Launcher(Protocol):
     def run(self, trial: Trial) -> TrialLog: ...
 
 
-def _missing_script(settings: MegatronSettings) -> str | None:
+def _missing_checkout(settings: MegatronSettings) -> str | None:
+    """Why the training script or the checkout, the folder every trial runs in, is not
+    there (None: both are)."""
     script = settings.script_path
-    if script.is_file():
-        return None
-    return (f"megatron_path={settings.megatron_path!r}: {script} does not exist; set "
-            f"megatron_path (cost_models/megatron.yaml) to a Megatron-LM checkout")
+    if not script.is_file():
+        return (f"megatron_path={settings.megatron_path!r}: {script} does not exist; set "
+                f"megatron_path (cost_models/megatron.yaml) to a Megatron-LM checkout")
+    if not settings.checkout.is_dir():
+        # An absolute `script` elsewhere: the run would fail to start in its folder.
+        return (f"megatron_path={settings.megatron_path!r}: {settings.checkout} is not a "
+                "folder; trials run in the Megatron-LM checkout: set megatron_path "
+                "(cost_models/megatron.yaml) to one")
+    return None
 
 
 DRY_RUN_WROTE = "dry run: wrote "
@@ -127,7 +139,7 @@ class LocalLauncher:
         if shutil.which(program) is None:
             return (f"the launcher program {program!r} is not found (settings python or "
                     f"torchrun, cost_models/megatron.yaml)")
-        return _missing_script(self.settings)
+        return _missing_checkout(self.settings)
 
     def environment(self, command: MegatronCommand) -> Mapping[str, str]:
         return {**os.environ, **command.env}  # torchrun inherits this process's environment
@@ -167,7 +179,11 @@ class LocalLauncher:
 
 
 def _run_node(argv: list[str], env: dict[str, str], cwd: str) -> int:
-    """One Slurm task: torchrun on this node, rendezvous from Slurm's variables."""
+    """One Slurm task: torchrun on this node, rendezvous from Slurm's variables.
+
+    `cwd` is the checkout, the step's folder already (the job moves there first); given
+    again because a node that cannot enter it runs the step in /tmp (slurmstepd), where
+    torchrun would start without a word."""
     nodes = os.environ.get("SLURM_JOB_NODELIST", "localhost")
     master = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True,
                             text=True, check=False).stdout.split() or ["localhost"]
@@ -207,7 +223,7 @@ class SlurmLauncher:
                     "write the sbatch scripts with launcher=dry_run")
         # The nodes see the submitting host's file system (the checkout is shared), so a
         # script missing here is missing there.
-        return _missing_script(self.settings)
+        return _missing_checkout(self.settings)
 
     def environment(self, command: MegatronCommand) -> Mapping[str, str]:
         return command.env  # the nodes' own environment is not known here
@@ -218,7 +234,8 @@ class SlurmLauncher:
         executor = self.executor_factory(folder)
         executor.update_parameters(**submitit_parameters(
             self.settings.slurm, nodes=command.nodes, gpus_per_node=command.nproc_per_node,
-            time_limit_s=trial_time_limit_s(self.settings, trial.step_time_s), name=trial.name))
+            time_limit_s=trial_time_limit_s(self.settings, trial.step_time_s), name=trial.name,
+            first_lines=[enter_checkout(self.settings)]))
         env = {**command.env, "MASTER_PORT": str(self.settings.master_port)}
         job = executor.submit(_run_node, torchrun_argv(command, self.settings), env,
                               str(self.settings.checkout))

@@ -4,6 +4,8 @@ Every user-given value reaches the script through `shlex.quote`/`shlex.join`; no
 pasted into a shell string unquoted. A one-node job gets a bash script that runs torchrun;
 a multi-node job gets an sbatch script that starts one torchrun per node with `srun`, all
 meeting at a c10d rendezvous on the first node of the allocation (Slurm's variables).
+Either first moves into the Megatron-LM checkout, where the local launcher runs torchrun, so
+that a script run from any folder reads and writes the same files as a local trial.
 
     path = write_script(command, settings, Path("run_01.sh"), label="tp2 pp4 dp16 mb1")
 """
@@ -56,6 +58,15 @@ def torchrun_argv(command: MegatronCommand, settings: MegatronSettings, *,
     ]
 
 
+def enter_checkout(settings: MegatronSettings) -> str:
+    """The shell line that moves a launch into the Megatron-LM checkout, where the local
+    launcher starts torchrun: relative paths in `extra_args` and `env` (`--save ckpt`)
+    then name the same files however the run is started. `exit 1` stops a job
+    whose checkout is missing even without `set -e` (submitit's sbatch scripts), before it
+    runs anything in the wrong folder; Slurm would run the steps in /tmp instead."""
+    return f"cd {shlex.quote(str(settings.checkout))} || exit 1"
+
+
 def _exports(env: Mapping[str, str]) -> list[str]:
     return [f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items())]
 
@@ -69,11 +80,12 @@ def _header(command: MegatronCommand, label: str) -> list[str]:
 
 def torchrun_script(command: MegatronCommand, settings: MegatronSettings,
                     label: str = "") -> str:
-    """A bash script that runs the command with torchrun on this node."""
+    """A bash script that runs the command with torchrun on this node, in the checkout."""
     return "\n".join([
         "#!/usr/bin/env bash",
         *_header(command, label),
         "set -euo pipefail",
+        enter_checkout(settings),
         *_exports(command.env),
         shlex.join(torchrun_argv(command, settings)),
         "",
@@ -148,9 +160,9 @@ def sbatch_script(command: MegatronCommand, settings: MegatronSettings, label: s
     """An sbatch script: one torchrun per node, c10d rendezvous on the first node.
 
     The time limit is `trial_time_limit_s`; a time in `slurm` wins. Either, set by the user
-    and shorter than the predicted run, gets a warning. The user's `slurm_setup` lines run
-    first, before the command's environment is exported, `slurm_teardown` lines after
-    torchrun.
+    and shorter than the predicted run, gets a warning. The job moves into the checkout
+    first; the user's `slurm_setup` lines run there next, before the command's environment
+    is exported, `slurm_teardown` lines after torchrun.
     """
     user = sbatch_options(with_slurm_defaults(settings.slurm))
     time_value, warning = _time_limit(user, settings, step_time_s)
@@ -180,6 +192,9 @@ def sbatch_script(command: MegatronCommand, settings: MegatronSettings, label: s
         *_header(command, label),
         *warning,
         "set -euo pipefail",
+        # The whole job runs in the checkout, setup lines and srun's steps (which start in
+        # the folder srun is called from) alike, as in the slurm launcher.
+        enter_checkout(settings),
         # The user's setup lines first: a module or an activate script may export NCCL or
         # CUDA settings of its own, and the command's must win, as in the slurm launcher.
         *_lenient(script_lines(settings.slurm, "setup")),

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from layoutsearch.errors import LayoutSearchError
@@ -252,11 +252,13 @@ def with_slurm_defaults(slurm: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def submitit_parameters(slurm: Mapping[str, Any], *, nodes: int, gpus_per_node: int,
-                        time_limit_s: float, name: str) -> dict[str, Any]:
+                        time_limit_s: float, name: str,
+                        first_lines: Sequence[str] = ()) -> dict[str, Any]:
     """AutoExecutor.update_parameters keywords: the job's shape and time, then the user's.
 
     A time or name the user set wins (as in the sbatch scripts); the time limit is rounded
     up to whole minutes, so that the run is never cut shorter than `time_limit_s`.
+    `first_lines` run before the user's `slurm_setup` lines, as in the sbatch scripts.
     """
     check_submitit_values(slurm)
     user: dict[str, Any] = {}
@@ -268,6 +270,7 @@ def submitit_parameters(slurm: Mapping[str, Any], *, nodes: int, gpus_per_node: 
             value = {k: v for k, v in value.items() if v is not None and v is not False}
         user[key] = value
     user.pop("slurm_srun_args", None)
+    user["slurm_setup"] = [*first_lines, *script_lines(slurm, "setup")]
     return {
         "nodes": nodes, "tasks_per_node": 1, "gpus_per_node": gpus_per_node,
         "timeout_min": whole_minutes(time_limit_s), "name": name, **user,

@@ -47,6 +47,7 @@ def test_one_node_script_quotes_everything(tmp_path):
     write_script(command, HOSTILE, path, label="tp8")
     text = path.read_text()
     assert "export NCCL_SOCKET_IFNAME='eth0; reboot'" in text
+    assert "\ncd '/opt/my megatron' || exit 1\n" in text  # runs in the checkout, as local
     argv = _last_command(path)
     assert argv[argv.index("--nproc_per_node") + 1] == "8"
     assert "/opt/my megatron/pretrain_gpt.py" in argv
@@ -87,10 +88,11 @@ def test_multi_node_sbatch_script_uses_slurm_rendezvous(tmp_path):
     assert validate_argv(argv[script + 1:], env=command.env, world_size=128) == []
 
 
-def _sbatch(slurm: dict | None = None, step_time_s: float | None = None) -> list[str]:
+def _sbatch(slurm: dict | None = None, step_time_s: float | None = None,
+            megatron_path: str = "Megatron-LM") -> list[str]:
     """The lines of a 16-node sbatch script (llama_65b, 128 GPUs) with these Slurm settings."""
     from layoutsearch.megatron.scripts import sbatch_script
-    settings = MegatronSettings(slurm=slurm or {})
+    settings = MegatronSettings(slurm=slurm or {}, megatron_path=megatron_path)
     command = build_command(study_layout(128, 2, 4), study_job("llama_65b", 2048, 128), settings)
     return sbatch_script(command, settings, step_time_s=step_time_s).splitlines()
 
@@ -251,7 +253,9 @@ def test_sbatch_takes_submitits_generic_names_and_script_lines():
     assert not any("signal" in line or "timeout-min" in line or "mem-gb" in line
                    for line in lines)
     run = next(i for i, line in enumerate(lines) if line.startswith("srun "))
-    setup = lines.index("set -euo pipefail") + 1
+    # The job moves into the checkout first: the setup lines run there too.
+    setup = lines.index("set -euo pipefail") + 2
+    assert lines[setup - 1] == f"cd {Path('Megatron-LM').absolute()} || exit 1"
     assert lines[setup].startswith("set +u")
     assert lines[setup + 1:setup + 4] == ["module load cuda/12.4", "source ~/env.sh", "set -u"]
     assert lines[setup + 4].startswith("export ") and lines[run - 1] == "status=0"
@@ -263,21 +267,31 @@ def test_sbatch_takes_submitits_generic_names_and_script_lines():
     assert not any(line.startswith("#SBATCH --time") for line in _sbatch({"slurm_time": False}))
 
 
-def _run_sbatch_script(tmp_path: Path, slurm: dict) -> subprocess.CompletedProcess[str]:
-    """Run a 16-node sbatch script under bash, `scontrol` and `srun` replaced by stubs that
-    print what they were asked (no Slurm here); PS1 unset, as in a batch job's shell."""
+def _slurm_stubs(tmp_path: Path, srun: str) -> dict[str, str]:
+    """The environment of a batch job's shell with `scontrol` and `srun` replaced by stubs
+    (no Slurm here): `srun` runs the bash lines `srun`; PS1 unset, as in a batch shell."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in (("scontrol", "echo node001"), ("srun", 'echo "srun ran" "$@"')):
+    for name, body in (("scontrol", "echo node001"), ("srun", srun)):
         stub = bin_dir / name
         stub.write_text(f"#!/usr/bin/env bash\n{body}\n")
         stub.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[001-016]",
+            "SLURM_JOB_ID": "42"}
+
+
+def _run_sbatch_script(tmp_path: Path, slurm: dict, checkout: Path | None = None,
+                       ) -> subprocess.CompletedProcess[str]:
+    """Run a 16-node sbatch script under bash, its `srun` a stub that prints what it was
+    asked and in which folder; the checkout a folder of `tmp_path` unless given."""
+    if checkout is None:
+        checkout = tmp_path / "Megatron-LM"
+        checkout.mkdir()
+    env = _slurm_stubs(tmp_path, srun='echo "srun ran" "$@"; echo "srun in $PWD"')
     script = tmp_path / "job.sh"
-    script.write_text("\n".join(_sbatch(slurm)))
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[001-016]",
-           "SLURM_JOB_ID": "42"}
-    return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
-                          timeout=30, check=False)
+    script.write_text("\n".join(_sbatch(slurm, megatron_path=str(checkout))))
+    return subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=30, check=False)
 
 
 def test_setup_lines_may_read_unset_variables_as_conda_activate_does(tmp_path):
@@ -305,6 +319,23 @@ def test_a_failing_setup_line_still_stops_the_job(tmp_path):
     done = _run_sbatch_script(tmp_path, {"slurm_setup": ["false"]})
     assert done.returncode == 1
     assert "srun ran" not in done.stdout
+
+
+def test_the_job_runs_in_the_checkout_and_stops_where_it_is_missing(tmp_path):
+    # srun's steps start in the folder srun is called from (srun(1), --chdir): the script's
+    # own, which was the one sbatch was called from.
+    checkout = tmp_path / "my $HOME's Megatron-LM"
+    checkout.mkdir()
+    done = _run_sbatch_script(tmp_path, {"slurm_setup": ['echo "setup in $PWD"']}, checkout)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == f"setup in {checkout}"
+    assert done.stdout.splitlines()[-1] == f"srun in {checkout}"
+    # Slurm would run the steps in /tmp; the job stops before the setup lines instead.
+    gone, again = tmp_path / "gone", tmp_path / "again"
+    again.mkdir()
+    stopped = _run_sbatch_script(again, {"slurm_setup": ["echo setup ran"]}, gone)
+    assert stopped.returncode == 1 and stopped.stdout == ""
+    assert f"cd: {gone}: No such file or directory" in stopped.stderr
 
 
 @pytest.mark.parametrize(("slurm", "named"), [
@@ -533,7 +564,7 @@ def test_slurm_parameters_are_submitits_and_agree_with_the_sbatch_script(tmp_pat
     submitit = pytest.importorskip("submitit")
     from submitit.slurm.slurm import SlurmExecutor
 
-    from layoutsearch.megatron.scripts import sbatch_script
+    from layoutsearch.megatron.scripts import enter_checkout, sbatch_script
     from layoutsearch.megatron.slurm_options import submitit_parameters
     monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))  # srun "found"
     slurm = {"name": "probe", "timeout_min": 90, "mem_gb": 1.5, "cpus_per_task": 12,
@@ -545,7 +576,8 @@ def test_slurm_parameters_are_submitits_and_agree_with_the_sbatch_script(tmp_pat
     settings = MegatronSettings(launcher="slurm", slurm=slurm)
     executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm")
     executor.update_parameters(**submitit_parameters(
-        slurm, nodes=16, gpus_per_node=8, time_limit_s=3705.0, name="t"))
+        slurm, nodes=16, gpus_per_node=8, time_limit_s=3705.0, name="t",
+        first_lines=[enter_checkout(settings)]))
     theirs = executor._executor._make_submission_file_text("python -m run", "uid").splitlines()
     command = build_command(study_layout(128, 2, 4), study_job("llama_65b", 2048, 128), settings)
     ours = [line for line in sbatch_script(command, settings, step_time_s=207.0).splitlines()
@@ -556,7 +588,10 @@ def test_slurm_parameters_are_submitits_and_agree_with_the_sbatch_script(tmp_pat
     assert "#SBATCH --time=90" in ours and "#SBATCH --nodes=16" in ours
     assert "#SBATCH --qos=low" in ours and not any(
         "requeue" in line or "comment" in line for line in theirs)
-    assert "module load cuda" in theirs
+    # Both jobs move into the checkout first, then run the setup lines, then srun.
+    setup = theirs.index("# setup")
+    assert theirs[setup + 1:setup + 3] == [enter_checkout(settings), "module load cuda"]
+    assert enter_checkout(settings) in sbatch_script(command, settings).splitlines()
     srun = next(line for line in theirs if line.startswith("srun "))
     assert "--kill-on-bad-exit=1 --verbose" in srun  # ours, then the user's srun_args
     ours_srun = next(line for line in sbatch_script(command, settings).splitlines()
@@ -615,3 +650,94 @@ def test_the_slurm_launcher_refuses_a_machine_without_sbatch(tmp_path, monkeypat
     (tmp_path / "sbatch").write_text("#!/bin/sh\n")
     (tmp_path / "sbatch").chmod(0o755)
     assert SlurmLauncher(settings).preflight(command) is None
+
+
+PROBE = """import os, sys
+args = sys.argv[1:]
+folder = args[args.index("--tensorboard-dir") + 1]
+os.makedirs(folder, exist_ok=True)
+with open(os.path.join(folder, "seen.txt"), "w") as seen:
+    seen.write(os.getcwd() + "\\n" + os.path.abspath(os.environ["PROBE_DATA"]) + "\\n")
+"""
+"""A training script that writes, into the folder its relative --tensorboard-dir names, its
+working folder and where its relative PROBE_DATA points."""
+
+
+def _probe_run(tmp_path: Path) -> tuple[MegatronSettings, object, Path, list[str]]:
+    """Settings whose checkout (a name with a space, a quote and `$`) holds PROBE, run by the
+    fake torchrun with a relative path in extra_args and one in env; a command of one node,
+    the file PROBE writes and the two lines it should hold."""
+    checkout = tmp_path / "my $HOME's checkout"
+    checkout.mkdir()
+    (checkout / "pretrain_gpt.py").write_text(PROBE)
+    settings = fake_megatron_settings(tmp_path).replace(
+        megatron_path=str(checkout), extra_args=("--tensorboard-dir", "tb"),
+        env={"PROBE_DATA": "data/my_text_document"})
+    command = build_command(Layout(tp=1, dp=8, rmsnorm_kernel=True),
+                            study_job("llama_13b", 2048, 8), settings)
+    return settings, command, checkout / "tb" / "seen.txt", [
+        str(checkout), str(checkout / "data" / "my_text_document")]
+
+
+def test_relative_paths_name_the_same_files_locally_and_in_a_written_script(
+        tmp_path, monkeypatch):
+    from layoutsearch.megatron.scripts import write_script
+    settings, command, seen, expected = _probe_run(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    local = LocalLauncher(settings).run(Trial(name="local", command=command,
+                                              log_path=tmp_path / "local.log"))
+    assert local.returncode == 0, local.text
+    assert seen.read_text().splitlines() == expected
+    seen.unlink()
+    # The dry run's one-node script, run by hand from another folder.
+    script = write_script(command, settings, tmp_path / "run.sh")
+    done = subprocess.run(["bash", str(script)], cwd=elsewhere, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert seen.read_text().splitlines() == expected
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_relative_paths_name_the_same_files_in_an_sbatch_script(tmp_path):
+    # srun a stub that runs its step here, in the folder srun is called from, as Slurm does.
+    from layoutsearch.megatron.scripts import write_script
+    settings, command, seen, expected = _probe_run(tmp_path)
+    settings = settings.replace(slurm={"slurm_partition": "gpu"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = _slurm_stubs(tmp_path, srun='while [[ $1 == -* ]]; do shift; done; exec "$@"')
+    script = write_script(command, settings, tmp_path / "job.sh")
+    assert "#SBATCH --partition=gpu" in script.read_text()
+    done = subprocess.run(["bash", str(script)], cwd=elsewhere, env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert seen.read_text().splitlines() == expected
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_the_slurm_launchers_job_moves_into_the_checkout_first(tmp_path):
+    settings, command, _, _ = _probe_run(tmp_path)
+    settings = settings.replace(launcher="slurm", slurm={"slurm_setup": ["module load cuda"]})
+    SlurmLauncher(settings, executor_factory=FakeExecutor).run(
+        Trial(name="t", command=command, log_path=tmp_path / "t.log"))
+    parameters, _, (_, _, cwd) = FakeExecutor.submitted[-1]
+    assert parameters["slurm_setup"] == [
+        f"cd {shlex.quote(str(settings.checkout))} || exit 1", "module load cuda"]
+    assert cwd == str(settings.checkout)
+
+
+def test_the_local_launcher_refuses_a_checkout_that_is_not_a_folder(tmp_path):
+    # A training script given by absolute path, elsewhere: the run would start nowhere.
+    settings, command, _, _ = _probe_run(tmp_path)
+    script = str(settings.script_path)
+    missing = settings.replace(megatron_path=str(tmp_path / "no checkout"), script=script)
+    problem = LocalLauncher(missing).preflight(command)
+    assert problem == (f"megatron_path={str(tmp_path / 'no checkout')!r}: "
+                       f"{tmp_path / 'no checkout'} is not a folder; trials run in the "
+                       "Megatron-LM checkout: set megatron_path (cost_models/megatron.yaml) "
+                       "to one")
+    log = LocalLauncher(missing).run(Trial(name="m", command=command,
+                                           log_path=tmp_path / "m.log"))
+    assert not log.ran and log.text == problem
