@@ -32,7 +32,9 @@ class MegatronSettings:
     """Where Megatron-LM lives and how one trial is run."""
 
     megatron_path: str = "Megatron-LM"
-    """The Megatron-LM checkout (the folder that holds `pretrain_gpt.py`)."""
+    """The Megatron-LM checkout (the folder that holds `pretrain_gpt.py`), relative to the
+    folder layoutsearch runs in. Every trial runs in it, however it is launched (`checkout`),
+    so relative paths in `extra_args`, `env` and `slurm_setup` lines are relative to it."""
     script: str = "pretrain_gpt.py"
     """The training script, relative to `megatron_path`."""
     python: str = "python"
@@ -129,8 +131,9 @@ class MegatronSettings:
 
     @property
     def checkout(self) -> Path:
-        """The Megatron-LM checkout as an absolute path, `~` expanded: the working directory
-        launchers start torchrun in (a process's cwd is taken literally, `~` and all)."""
+        """The Megatron-LM checkout as an absolute path, `~` expanded: the working folder of
+        every launch, the local launcher's torchrun (a process's cwd is taken literally, `~`
+        and all), a written script and a Slurm job (`scripts.enter_checkout`)."""
         return Path(self.megatron_path).expanduser().absolute()
 
     @property
