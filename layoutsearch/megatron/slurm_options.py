@@ -137,8 +137,8 @@ def check_slurm_settings(slurm: Mapping[str, Any]) -> None:
             if name not in SCRIPT_LINES and name not in SUBMITIT_ONLY:
                 _check_option_value(shown, option)
         _check_type(key, value)
-        if bare in LIST_SETTINGS and (isinstance(value, str | Mapping) or not all(
-                isinstance(item, str) for item in value)):
+        if bare in LIST_SETTINGS and (not isinstance(value, Sequence) or isinstance(
+                value, str) or not all(isinstance(item, str) for item in value)):
             raise LayoutSearchError(
                 f"megatron.slurm.{key}={value!r}: must be {LIST_SETTINGS[bare]}")
 

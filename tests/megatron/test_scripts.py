@@ -368,10 +368,12 @@ def test_slurm_settings_submitit_would_refuse_are_refused_up_front(slurm, messag
         MegatronSettings(slurm=slurm)
 
 
-def test_slurm_setup_must_be_shell_lines():
-    with pytest.raises(LayoutSearchError, match=r"slurm_setup='module load cuda': must be a "
+@pytest.mark.parametrize(("value", "shown"), [("module load cuda", "'module load cuda'"),
+                                               (False, "False"), (3, "3")])
+def test_slurm_setup_must_be_shell_lines(value, shown):
+    with pytest.raises(LayoutSearchError, match=rf"slurm_setup={shown}: must be a "
                        "list of shell lines"):
-        MegatronSettings(slurm={"slurm_setup": "module load cuda"})
+        MegatronSettings(slurm={"slurm_setup": value})
 
 
 def test_slurm_srun_args_must_be_a_list_of_options():
