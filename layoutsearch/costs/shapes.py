@@ -24,7 +24,7 @@ from layoutsearch.layout import (
     RECOMPUTE_KINDS,
     uses_transformer_engine,
 )
-from layoutsearch.pipeline import stage_split
+from layoutsearch.pipeline import chunk_forwards, counts_embedding_and_loss, stage_split
 from layoutsearch.specs import ClusterSpec, paper_flops_per_token
 
 VOCAB_DIVISIBLE_BY = 128
@@ -32,6 +32,8 @@ VOCAB_DIVISIBLE_BY = 128
 multiple of it times tp."""
 
 Array = np.ndarray
+END_STAGES = np.array([[True], [False], [True]])
+"""Which of the three priced stages (first, second, last) are the pipeline's ends."""
 
 
 def _floats(table: pd.DataFrame, column: str) -> Array:
@@ -114,7 +116,8 @@ class Shapes:
     stage_in_flight: Array
     """Shape (3, rows): micro-batches of its layers each of those stages holds under 1F1B:
     min(pp, m) on the first, min(pp-1, m) on the second, one on the last (Narayanan et al.
-    2021); with vp interleaved chunks, Megatron's warm-up counts in chunks over vp."""
+    2021); with vp interleaved chunks, Megatron's warm-up counts in chunks over vp, and where
+    a stage's chunks differ (`pipeline.stage_split`) its layers in flight over its layers."""
     stage_params: Array
     """Shape (3, rows): parameters on one GPU of each of those stages (layers and the
     vocabulary matrices of the end stages, split over tp)."""
@@ -157,7 +160,8 @@ class Shapes:
         mb = _floats(table, "micro_batch_size")
         seq = _floats(table, "seq_length")
         global_batch = _floats(table, "global_batch_size")
-        first, middle, last = stage_split(layer_counts, table["pp"].to_numpy(dtype=np.int64))
+        pp_counts, vp_counts = (table[c].to_numpy(dtype=np.int64) for c in ("pp", "vp"))
+        first, middle, last = stage_split(layer_counts, pp_counts, vp_counts)
         single = pp == 1
         stage_layers = np.stack([  # pp = 1: one stage, counted as the last (all layers)
             np.where(single, 0, first), np.where(pp > 2, middle, 0), last,
@@ -174,6 +178,14 @@ class Shapes:
         # Korthikanti's pp·(1 + (pp-1)/(pp·vp)) micro-batches (§4.2.3).
         chunks = np.minimum((pp - rank - 1) * 2 + (vp - 1) * pp + 1, micro_batches * vp)
         stage_in_flight = np.where(vp > 1, chunks / vp, np.minimum(pp - rank, micro_batches))
+        # Where the embedding and the loss count as layers, the first stage's chunk 0 and the
+        # last stage's chunk vp-1 are a layer short (pipeline.stage_split): the stage holds
+        # chunks·(layers+1)/vp layers less one for each of those chunks in flight.
+        trimmed = END_STAGES & counts_embedding_and_loss(layer_counts, pp_counts, vp_counts)
+        short_chunk = np.stack([np.zeros_like(vp), np.zeros_like(vp), vp - 1])
+        short = chunk_forwards(chunks, pp, vp, short_chunk)
+        stage_in_flight += np.where(
+            trimmed, (chunks / vp - short) / np.maximum(stage_layers, 1.0), 0.0)
         # Each end stage holds one vocabulary matrix (input embedding or output layer); a
         # single stage of an untied model holds both. Megatron keeps a copy of a tied
         # embedding on the last stage, so with pp > 1 each end stage holds one either way.

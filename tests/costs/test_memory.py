@@ -129,6 +129,23 @@ def test_interleaved_stages_hold_megatrons_warm_up_chunks() -> None:
     assert few.stage_in_flight[:, 0].tolist() == [4.0, 4.0, 2.5]
 
 
+def test_llama3_405b_interleaved_ends_hold_their_short_chunks_in_flight() -> None:
+    # 126 layers, pp 16, vp 2: the embedding and the loss count as layers, so stages build
+    # [7, 8, ..., 8, 7] in chunks of 4, the first stage's chunk 0 and the last stage's chunk 1
+    # holding 3. 512 sequences over dp 8: 64 micro-batches. In flight (warm-up + 1 chunks,
+    # the schedule taking 16 micro-batches through chunk 0, then 16 through chunk 1, ...):
+    # first stage 30 + 16 + 1 = 47 chunks, 31 of chunk 0 (3 layers) and 16 of chunk 1 (4):
+    # 157 layers; second stage 28 + 16 + 1 = 45 chunks of 4: 180; last stage 0 + 16 + 1 = 17,
+    # 16 of chunk 0 (4) and one of chunk 1 (3): 67. Even chunks of 3.5 would make 164.5 and
+    # 59.5.
+    sh = shapes(model="llama3_405b", cluster="h100_sxm", num_gpus=1024, seq_length=8192,
+                global_batch_size=512, tp=8, pp=16, vp=2)
+    assert sh.micro_batches[0] == 64
+    assert sh.stage_layers[:, 0].tolist() == [7.0, 8.0, 7.0]
+    in_flight = sh.stage_layers[:, 0] * sh.stage_in_flight[:, 0]
+    assert in_flight == pytest.approx([157.0, 180.0, 67.0], rel=1e-12)
+
+
 def test_headroom_is_memory_left_and_negative_when_over() -> None:
     rows = score(micro_batch_size=[1, 8], tp=1)
     np.testing.assert_allclose(rows["headroom_gib"], 80 - rows["peak_memory_gib"])
