@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from layoutsearch.layout import FLASH_ATTENTION, uses_transformer_engine
+from layoutsearch.pipeline import EMBEDDING_AND_LOSS, counts_embedding_and_loss
 from layoutsearch.specs import ClusterSpec
 
 Frame = pd.DataFrame
@@ -168,12 +169,19 @@ def build_rules(clusters: Mapping[str, ClusterSpec]) -> list[Rule]:
             ('num_layers', 'pp', 'vp'),
         ),
         Rule(
-            "interleaving_even_stages",
-            lambda t: ((t["vp"] > 1) & (t["num_layers"] % (t["pp"] * t["vp"]) != 0)).to_numpy(),
+            # Megatron-LM interleaves equal chunks of num_layers/(pp·vp) layers, or, with the
+            # embedding and the loss counted as a layer each, of (num_layers+2)/(pp·vp) slots
+            # (pipeline.stage_split): the command emits those flags where it needs them.
+            "interleaving_layer_split",
+            lambda t: ((t["vp"] > 1) & (t["num_layers"] % (t["pp"] * t["vp"]) != 0)).to_numpy()
+            & ~counts_embedding_and_loss(*(t[c].to_numpy() for c in ("num_layers", "pp", "vp"))),
             lambda t: "interleaving needs num_layers (" + _text(t["num_layers"])
-            + ") to divide by pp·vp (" + _text(t["pp"] * t["vp"]) + "): layoutsearch's "
-            "commands interleave equal stages only (Megatron-LM's uneven interleaving, "
-            "--num-virtual-stages-per-pipeline-rank, is not emitted)",
+            + ") to divide by pp·vp (" + _text(t["pp"] * t["vp"]) + "), or num_layers + 2 ("
+            + _text(t["num_layers"] + EMBEDDING_AND_LOSS) + ") with the embedding and the "
+            "loss counted as layers (Megatron-LM's --account-for-embedding-in-pipeline-split "
+            "and --account-for-loss-in-pipeline-split): layoutsearch's commands do not emit "
+            "Megatron-LM's other uneven interleaving (--num-virtual-stages-per-pipeline-rank "
+            "with --decoder-first/last-pipeline-num-layers)",
             ('num_layers', 'pp', 'vp'),
         ),
         Rule(

@@ -33,8 +33,10 @@ CASES: list[tuple[str, str | ModelSpec, dict[str, Any], str, dict[str, Any]]] = 
     # Uneven stages are allowed (the study ran 60 layers on 16 stages), empty ones are not.
     ("layers_per_stage", "llama_7b", {"num_gpus": 64, "tp": 1, "pp": 64},
      "num_layers (32) must be at least pp·vp (64)", {"num_gpus": 64, "tp": 2, "pp": 32}),
-    ("interleaving_even_stages", "llama_13b", {"pp": 4, "vp": 4},
-     "interleaving needs num_layers (40) to divide by pp·vp (16)", {"pp": 4, "vp": 2}),
+    # 40 layers: neither 40 nor 42 (the embedding and the loss counted) divides by 16.
+    ("interleaving_layer_split", "llama_13b", {"pp": 4, "vp": 4},
+     "interleaving needs num_layers (40) to divide by pp·vp (16), or num_layers + 2 (42) "
+     "with the embedding and the loss counted as layers", {"pp": 4, "vp": 2}),
     ("fused_softmax_shape", "llama_30b", {"tp": 4, "micro_batch_size": 1, "attention": "fused"},
      "micro_batch_size·heads/tp (13) divisible by 4",
      {"tp": 4, "micro_batch_size": 4, "attention": "fused"}),
@@ -117,11 +119,28 @@ def test_reasons_of_several_rules_are_joined(candidate: Any) -> None:
     text = reason(candidate("llama_30b", tp=8, pp=16, vp=2))
     assert text.split("; ") == [
         "tp·pp·cp (128) must divide num_gpus (64)",
-        "interleaving needs num_layers (60) to divide by pp·vp (32): layoutsearch's commands "
-        "interleave equal stages only (Megatron-LM's uneven interleaving, "
-        "--num-virtual-stages-per-pipeline-rank, is not emitted)",
+        "interleaving needs num_layers (60) to divide by pp·vp (32), or num_layers + 2 (62) "
+        "with the embedding and the loss counted as layers (Megatron-LM's "
+        "--account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split): "
+        "layoutsearch's commands do not emit Megatron-LM's other uneven interleaving "
+        "(--num-virtual-stages-per-pipeline-rank with --decoder-first/last-pipeline-num-layers)",
         "num_attention_heads (52) must divide by tp (8)",
     ]
+
+
+@pytest.mark.parametrize(("vp", "expected"), [
+    (2, ""), (4, ""),  # 128 = 126 + 2 divides by 16·2 and 16·4
+    (3, "interleaving needs num_layers (126) to divide by pp·vp (48), or num_layers + 2 (128)"),
+    (8, "num_layers (126) must be at least pp·vp (128)"),  # a chunk of 0 layers on the ends
+])
+def test_llama3_405b_interleaves_with_the_embedding_and_loss_counted_as_layers(
+        candidate: Any, vp: int, expected: str) -> None:
+    # 126 layers on 16 stages divide neither by pp·vp nor evenly by pp; Megatron-LM counts
+    # the embedding and the loss as a layer each to split 128 slots (Dubey et al. 2024 ran
+    # pp 16 interleaved with lighter end stages).
+    row = candidate("llama3_405b", cluster="h100_sxm", num_gpus=1024, seq_length=8192,
+                    global_batch_size=512, tp=8, pp=16, vp=vp)
+    assert (reason(row) == "") if not expected else expected in reason(row)
 
 
 def test_rules_work_on_a_whole_table(candidate: Any) -> None:

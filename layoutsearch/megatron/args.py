@@ -29,7 +29,7 @@ from layoutsearch.layout import (
     uses_transformer_engine,
 )
 from layoutsearch.megatron.settings import MegatronSettings
-from layoutsearch.pipeline import stage_layers
+from layoutsearch.pipeline import split_layers, stage_layers
 from layoutsearch.rules import FUSED_SOFTMAX_SHAPE, fused_softmax_takes
 from layoutsearch.specs import COMMAND_FIELDS, ClusterSpec, Job, ModelSpec
 
@@ -171,10 +171,15 @@ def _model_args(model: ModelSpec, seq_length: int) -> list[str]:
 
 
 def _pipeline_split_args(layout: Layout, model: ModelSpec) -> list[str]:
-    """Uneven first/last stage flags (arguments.py::_add_distributed_args), as the cost
-    model splits the layers (layoutsearch.pipeline)."""
+    """How the layers split over uneven stages, as the cost model splits them
+    (layoutsearch.pipeline), in flags of arguments.py::_add_distributed_args: interleaved,
+    the embedding and the loss counted as a layer each; otherwise the first and last
+    stage's layers."""
+    if split_layers(model.num_layers, layout.pp, layout.vp) != model.num_layers:
+        return ["--account-for-embedding-in-pipeline-split",
+                "--account-for-loss-in-pipeline-split"]
     if layout.vp > 1 or model.num_layers % layout.pp == 0:
-        return []  # even stages; interleaving needs them (validate_args)
+        return []  # even stages and chunks
     stages = stage_layers(model.num_layers, layout.pp)
     return ["--decoder-first-pipeline-num-layers", str(stages[0]),
             "--decoder-last-pipeline-num-layers", str(stages[-1])]
@@ -191,8 +196,11 @@ def _parallel_args(layout: Layout, model: ModelSpec) -> list[str]:
     if layout.cp > 1:
         argv += ["--context-parallel-size", str(layout.cp)]
     if layout.vp > 1:
+        # validate_args derives vp from it, counting the embedding and the loss where the
+        # flags above say so.
         argv += ["--num-layers-per-virtual-pipeline-stage",
-                 str(model.num_layers // (layout.pp * layout.vp))]
+                 str(split_layers(model.num_layers, layout.pp, layout.vp)
+                     // (layout.pp * layout.vp))]
     if layout.sequence_parallel and layout.tp > 1:
         argv.append("--sequence-parallel")
     return argv
@@ -284,12 +292,14 @@ def build_command(layout: Layout, job: Job,
             f"layout tp·pp·cp·dp = {layout.tp}·{layout.pp}·{layout.cp}·{layout.dp} does not "
             f"equal num_gpus={job.num_gpus}; no Megatron-LM command can run it"
         )
-    if layout.vp > 1 and model.num_layers % (layout.pp * layout.vp) != 0:
+    chunks = layout.pp * layout.vp
+    if layout.vp > 1 and split_layers(model.num_layers, layout.pp, layout.vp) % chunks != 0:
         # Megatron-LM takes layers per virtual stage and derives vp from it (validate_args):
         # a rounded count would run another number of virtual stages than asked.
         raise LayoutSearchError(
             f"layout vp={layout.vp}: num_layers={model.num_layers} must divide by pp·vp = "
-            f"{layout.pp * layout.vp}; --num-layers-per-virtual-pipeline-stage cannot say it"
+            f"{chunks}, or num_layers + 2 must (the embedding and the loss counted as "
+            "layers); --num-layers-per-virtual-pipeline-stage cannot say it otherwise"
         )
     kernels, env, notes = _kernel_args(layout, model)
     notes += _fused_softmax_fallback(layout, job)

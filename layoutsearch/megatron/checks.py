@@ -55,6 +55,8 @@ SET_FROM: dict[str, str] = {
     "pipeline_model_parallel_size": "the layout's pp",
     "decoder_first_pipeline_num_layers": "the layout's pp (layers per stage)",
     "decoder_last_pipeline_num_layers": "the layout's pp (layers per stage)",
+    "account_for_embedding_in_pipeline_split": "the layout's pp and vp (layers per chunk)",
+    "account_for_loss_in_pipeline_split": "the layout's pp and vp (layers per chunk)",
     "num_layers_per_virtual_pipeline_stage": "the layout's vp",
     "num_virtual_stages_per_pipeline_rank": "the layout's vp",
     "context_parallel_size": "the layout's cp",

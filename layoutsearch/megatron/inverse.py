@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from layoutsearch.megatron.args import NULL_TOKENIZER_EOD
-from layoutsearch.megatron.validation import parse_known_argv
+from layoutsearch.megatron.validation import parse_known_argv, split_layer_count
 
 
 def _attention(args: Any, env: Mapping[str, str], flash_kernel: str) -> str:
@@ -70,7 +70,7 @@ def row_of_argv(argv: Sequence[str], *, env: Mapping[str, str], world_size: int,
         "pp": pp,
         "dp": world_size // (tp * pp * cp),
         "cp": cp,
-        "vp": a.num_layers // (pp * vstage) if vstage else 1,
+        "vp": split_layer_count(a) // (pp * vstage) if vstage else 1,
         "micro_batch_size": a.micro_batch_size,
         "sequence_parallel": a.sequence_parallel and tp > 1,
         "attention": _attention(a, env, flash_kernel),

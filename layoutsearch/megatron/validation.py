@@ -117,6 +117,8 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-virtual-stages-per-pipeline-rank", type=int)
     p.add_argument("--decoder-first-pipeline-num-layers", type=int)
     p.add_argument("--decoder-last-pipeline-num-layers", type=int)
+    p.add_argument("--account-for-embedding-in-pipeline-split", action="store_true")
+    p.add_argument("--account-for-loss-in-pipeline-split", action="store_true")
     p.add_argument("--no-overlap-p2p-communication", action="store_false",
                    dest="overlap_p2p_comm")
     p.add_argument("--overlap-grad-reduce", action="store_true")
@@ -190,18 +192,33 @@ def _split(a: argparse.Namespace) -> tuple[int, int]:
     return layers, stages
 
 
+def split_layer_count(a: argparse.Namespace) -> int:
+    """The layers validate_args splits over the stages: --num-layers, and one more each for
+    the embedding and the loss where --account-for-embedding-in-pipeline-split and
+    --account-for-loss-in-pipeline-split count them as layers."""
+    return ((a.num_layers or 0) + int(a.account_for_embedding_in_pipeline_split)
+            + int(a.account_for_loss_in_pipeline_split))
+
+
 def pipeline_stage_layers(a: argparse.Namespace) -> list[int]:
     """The transformer layers each pipeline rank builds, first to last.
 
     As `get_num_layers_to_build` (megatron/core/transformer/transformer_block.py) counts
-    them: without --decoder-first/last-pipeline-num-layers num_layers // pp on every rank;
-    with them, the first (last) rank builds the given count and each middle rank an equal
-    share of the rest (none when no middle rank is left).
+    them: without --decoder-first/last-pipeline-num-layers an equal share of the layers on
+    every rank, the embedding and the loss counted in it where the flags say so and left
+    out of the first and the last rank's (one layer fewer there); with them, the first
+    (last) rank builds the given count and each middle rank an equal share of the rest
+    (none when no middle rank is left).
     """
     pp = a.pipeline_model_parallel_size
     first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
     if first is None and last is None:
-        return [(a.num_layers or 0) // pp] * pp if pp > 0 else []
+        if pp <= 0:
+            return []
+        stages = [split_layer_count(a) // pp] * pp
+        stages[0] -= int(a.account_for_embedding_in_pipeline_split)
+        stages[-1] -= int(a.account_for_loss_in_pipeline_split)
+        return stages
     middle_layers, middle_stages = _split(a)
     stages = [middle_layers // middle_stages if middle_stages > 0 else 0] * pp
     if first is not None and stages:
@@ -266,16 +283,29 @@ def _pipeline_checks(a: argparse.Namespace, world: int) -> list[Check]:
     dp = _data_parallel(a, world)
     mb, gbs, layers = a.micro_batch_size or 0, a.global_batch_size or 0, a.num_layers or 0
     micro_batches = gbs // (mb * dp) if mb > 0 and dp else 0
-    per_stage = layers // pp if pp else 0
+    split = split_layer_count(a)
+    counted = (f"--num-layers {layers}" if split == layers else
+               f"--num-layers {layers} + {split - layers} (the embedding and/or the loss "
+               f"counted as layers) = {split}")
+    per_stage = split // pp if pp else 0
     vstage = a.num_layers_per_virtual_pipeline_stage
+    accounted = a.account_for_embedding_in_pipeline_split or a.account_for_loss_in_pipeline_split
     return [
         # validate_args: "Number of layers should be divisible by the pipeline-model-parallel
         # size" unless --decoder-first/last-pipeline-num-layers split the stages unevenly
-        # (asserted on both the interleaved and the plain branch); with interleaving, layers
+        # (asserted on both the interleaved and the plain branch, after adding a layer for
+        # each of --account-for-embedding/loss-in-pipeline-split); with interleaving, layers
         # per stage must divide by layers per virtual stage.
-        (not uneven and layers % pp != 0, "layers_per_stage",
-         f"--num-layers {layers} must divide by pp {pp} (or split the stages with "
+        (not uneven and split % pp != 0, "layers_per_stage",
+         f"{counted} must divide by pp {pp} (or split the stages with "
          "--decoder-first/last-pipeline-num-layers)", "error"),
+        # TransformerConfig.__post_init__: "num_layers_in_first_pipeline_stage and
+        # num_layers_in_last_pipeline_stage cannot be set at the same time with
+        # account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split".
+        (uneven and accounted, "uneven_with_account_split",
+         "--decoder-first/last-pipeline-num-layers cannot be combined with "
+         "--account-for-embedding-in-pipeline-split or --account-for-loss-in-pipeline-split",
+         "error"),
         # validate_args (interleaved branch): "please use --num-virtual-stages-per-pipeline-
         # rank to specify virtual pipeline parallel degree when enable uneven pipeline
         # parallelism".
@@ -302,8 +332,8 @@ def _pipeline_checks(a: argparse.Namespace, world: int) -> list[Check]:
          f"pipeline stages would build {stages} layers: they must add up to --num-layers "
          f"{layers} with at least one per stage", "error"),
         (vstage is not None and (vstage <= 0 or per_stage % vstage != 0), "layers_per_vstage",
-         f"layers per stage {per_stage} must divide by --num-layers-per-virtual-pipeline-stage "
-         f"{vstage}", "error"),
+         f"layers per stage {per_stage} ({counted} over pp {pp}) must divide by "
+         f"--num-layers-per-virtual-pipeline-stage {vstage}", "error"),
         # validate_args: interleaving needs pp > 1 (pp > 2 without p2p overlap).
         (vstage is not None and pp <= (1 if a.overlap_p2p_comm else 2), "interleaving_pp",
          f"interleaved schedule needs pp > {1 if a.overlap_p2p_comm else 2}, got {pp}", "error"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import optuna
@@ -110,7 +111,11 @@ def _commands() -> list[list[str]]:
                recompute="mlp", overlap_grad_reduce=True),
     ]
     settings = MegatronSettings(grad_reduce_in_bf16=True)
-    return [list(build_command(layout, job, settings).argv) for layout in layouts]
+    commands = [build_command(layout, job, settings) for layout in layouts]
+    # 78 layers split into pp 4 × vp 2 chunks only with the embedding and the loss counted.
+    short = dataclasses.replace(job, model=job.model.replace(num_layers=78))
+    commands.append(build_command(layouts[0], short, settings))
+    return [list(command.argv) for command in commands]
 
 
 def test_every_flag_a_command_sets_is_one_extra_args_may_not_set():
@@ -122,7 +127,8 @@ def test_every_flag_a_command_sets_is_one_extra_args_may_not_set():
     assert emitted - set(SET_FROM) == set()
     assert {"tensor_model_parallel_size", "decoder_first_pipeline_num_layers",
             "context_parallel_size", "num_layers_per_virtual_pipeline_stage",
-            "use_rope_scaling", "masked_softmax_fusion", "grad_reduce_in_bf16"} <= emitted
+            "use_rope_scaling", "masked_softmax_fusion", "grad_reduce_in_bf16",
+            "account_for_embedding_in_pipeline_split"} <= emitted
 
 
 def test_a_search_with_extra_args_megatron_rejects_stops_before_searching():
