@@ -796,6 +796,31 @@ def test_a_search_prices_a_layout_whose_worker_died_while_it_ran(
     assert len(priced) == 1 and priced[0].number > dead
 
 
+def test_a_layout_whose_trial_was_stopped_is_queued_as_the_nearest_one(
+        tmp_path: Path, counting: CountingModel) -> None:
+    # A trial stopped by Ctrl-C or failed as its worker died keeps its layout's parameters,
+    # and optuna's skip_if_exists took it for that layout queued already: next to a
+    # duplicate or a rule's rejection the layout was never queued, and a resumed search
+    # of every layout took 77 trials, not 2, to price the one layout stopped midway.
+    url = f"sqlite:///{tmp_path}/study.db"
+    problem = make_problem(counting)
+    driver = OptunaDriver(n_trials=3, storage=url, study_name="s", progress=False)
+    driver.run(problem)
+    storage = open_storage(url)
+    study = driver.open_study(problem, storage)
+    index = LayoutIndex.of(problem)
+    (layout,) = _open_unpriced(study, problem, 1)
+    params = index.params_of(index.rows[layout])
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.FAIL, params=encode(index, params),
+        distributions=study.trials[0].distributions,
+        user_attrs={"layout": layout, "reason": "worker died"}))
+    Worker(driver, problem, index, study, storage, 0).queue_nearest(
+        params, study.get_trials(deepcopy=False))
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert [t.user_attrs["layout"] for t in waiting] == [layout]
+
+
 def test_a_trial_in_flight_is_stamped_until_it_ends(tmp_path: Path) -> None:
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/study.db")
     trial = study.ask()

@@ -250,7 +250,10 @@ class Worker:
         nearest = self.index.nearest(params, taken, self.rng)
         if nearest is not None:
             near = self.index.params_of(nearest)
-            self.study.enqueue_trial(encode(self.index, near), skip_if_exists=True,
+            # Not optuna's skip_if_exists: it counts a trial of any state with the same
+            # parameters, a stopped one too (Ctrl-C, a dead worker), whose layout has no
+            # price; `taken` already holds every layout priced, in flight or queued.
+            self.study.enqueue_trial(encode(self.index, near),
                                      user_attrs={"layout": self.index.labels[nearest]})
 
     def reuse(self, trial: Trial, other: FrozenTrial) -> Outcome:
