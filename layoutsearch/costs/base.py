@@ -14,7 +14,10 @@ treats those rows as it treats rule-breaking ones, so its budget of evaluations 
 on layouts that get a price. Last, it may define `reprices(costs) -> bool`: whether a price
 it gave in an earlier search (one row of its columns, as a stored optuna trial keeps them)
 is to be asked again rather than reused — a measured model's launch that recorded nothing,
-or a failure it is told to retry.
+or a failure it is told to retry. And `recorded(candidates, clusters) -> pd.Series` (bool):
+the rows it prices from runs earlier searches made (a measured model's measurement file),
+launching nothing; a sampling driver's answer holds them beside the layouts it sampled, as
+a grid search's does, so that no run of the job is left out of the ranking.
 
     class Constant:
         name = "constant"
@@ -77,6 +80,16 @@ def reprices(model: CostModel, costs: Mapping[str, Any]) -> bool:
     (False for a model without `reprices`: its prices do not change)."""
     ask_again = getattr(model, "reprices", None)
     return bool(ask_again(costs)) if callable(ask_again) else False
+
+
+def recorded_rows(model: CostModel, candidates: pd.DataFrame,
+                  clusters: Mapping[str, ClusterSpec]) -> pd.Series:
+    """Whether `model` prices each row from a run it has recorded (its `recorded`), on the
+    candidates' index; False for every row of a model without `recorded`."""
+    recorded = getattr(model, "recorded", None)
+    if not callable(recorded):
+        return pd.Series(False, index=candidates.index, dtype=bool)
+    return recorded(candidates, clusters).reindex(candidates.index).fillna(False).astype(bool)
 
 
 def cost_model_fingerprint(model: CostModel) -> str:

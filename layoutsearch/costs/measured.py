@@ -330,6 +330,15 @@ class MeasuredCostModel:
         self._selection(candidates, clusters, reasons, self.file.load(), top_k=None)
         return reasons
 
+    def recorded(self, candidates: pd.DataFrame,
+                 clusters: Mapping[str, ClusterSpec]) -> pd.Series:
+        """Whether the measurement file holds a run of each layout that prices it, launching
+        nothing (a run of a status in `retry` is launched again: not such a run)."""
+        known = self.file.load()
+        held = [self._recorded(known, {str(k): v for k, v in row.items()}) is not None
+                for row in (candidates.to_dict("records") if known else [])]
+        return pd.Series(held or False, index=candidates.index, dtype=bool)
+
     def _measure(self, row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec],
                  predicted_step_s: float | None) -> dict[str, Any] | str:
         """A new measurement row, or why the layout could not be launched. The prescreen's

@@ -791,6 +791,34 @@ def test_an_optuna_search_spends_its_trials_on_launches_only(tmp_path):
     assert (ranked["attention"] == "flash2").all()
 
 
+def test_an_optuna_search_answers_with_every_run_the_file_holds_of_its_job(tmp_path):
+    # The file's runs of the job that the study did not sample were left out: after a grid
+    # search measured the best layouts, an optuna search of 2 trials recommended tp4 pp2 at
+    # 0.26 MFU over the recorded tp1 pp1 at 0.67.
+    grid = layoutsearch.search(cost_model=fake_measured_model(tmp_path, top_k=2), **SMALL_JOB)
+    recorded = grid[grid["mfu"].notna()]
+    optuna = {"name": "optuna", "n_trials": 2, "seed": 0, "progress": False}
+    model = fake_measured_model(tmp_path)
+    ranked = layoutsearch.search(cost_model=model, driver=optuna, **SMALL_JOB)
+    assert model.launched == 2  # the file's runs are read, not launched again
+    assert len(ranked) == 4 == len(read_measurements(tmp_path / "measurements.csv"))
+    from_file = ranked[ranked["trial"].isna()]
+    assert sorted(from_file["mfu"]) == sorted(recorded["mfu"])
+    assert ranked.iloc[0]["mfu"] == recorded.iloc[0]["mfu"] > 0.6
+    assert from_file["reason"].eq("").all()
+    # With two objectives the front is of the whole answer, the file's runs included.
+    front = layoutsearch.search(cost_model=fake_measured_model(tmp_path), **SMALL_JOB,
+                                driver={**optuna, "objectives": ["mfu", "peak_memory_gib"]})
+    feasible = front[front["fits"]]
+    for _, row in feasible.iterrows():
+        dominated = ((feasible["mfu"] >= row["mfu"])
+                     & (feasible["peak_memory_gib"] <= row["peak_memory_gib"])
+                     & ((feasible["mfu"] > row["mfu"])
+                        | (feasible["peak_memory_gib"] < row["peak_memory_gib"]))).any()
+        assert row["pareto"] == (not dominated)
+    assert front.loc[front["trial"].isna(), "pareto"].any()
+
+
 def test_local_optuna_workers_are_refused_a_measured_search_on_one_nodes_gpus(tmp_path):
     # Each would launch a trial at once on the same GPUs and port: a row of contention.
     driver = {"name": "optuna", "n_trials": 2, "n_workers": 2, "seed": 0, "progress": False,

@@ -42,7 +42,12 @@ from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
 from layoutsearch.costs import build_cost_model
-from layoutsearch.costs.base import cost_model_fingerprint, fingerprint_covers, reprices
+from layoutsearch.costs.base import (
+    cost_model_fingerprint,
+    fingerprint_covers,
+    recorded_rows,
+    reprices,
+)
 from layoutsearch.costs.measured import MeasuredCostModel
 from layoutsearch.drivers.layout_index import LayoutIndex
 from layoutsearch.drivers.optuna.storage import fail_dead_workers, open_storage, release
@@ -296,7 +301,7 @@ class OptunaDriver:
             else:
                 release(storage)
                 self._run_workers(problem, done, stale)
-            return self.results(study, problem, index)
+            return self.answer(study, problem, index)
         except KeyboardInterrupt:
             if self.storage:
                 print(f"\noptuna: interrupted; driver.storage={self.storage} keeps every "
@@ -415,11 +420,53 @@ class OptunaDriver:
         out = problem.unlaunchable_refused(rows.drop(columns="rule_reason").join(costs))
         out["trial"] = np.array([t.number for t in evaluated], dtype=np.int64)
         if len(self.objectives) > 1:
-            out["pareto"] = out["trial"].isin({t.number for t in study.best_trials})
+            out["pareto"] = self.pareto(out)
         out = out.reset_index(drop=True)
         out.attrs["study_name"] = study.study_name
         out.attrs["trials"] = len(study.get_trials(deepcopy=False))
         return out
+
+    def answer(self, study: optuna.Study, problem: SearchProblem,
+               index: LayoutIndex) -> pd.DataFrame:
+        """The search's answer: `results`, then the layouts the study did not evaluate that
+        the cost model prices from runs recorded before (a measured model's measurement
+        file), priced so, launching nothing, with an empty `trial`. A run of the job that
+        the sampler never proposed is ranked, as a grid search ranks it, instead of a worse
+        layout being recommended over it."""
+        found = self.results(study, problem, index)
+        evaluated = {index.rows[label]
+                     for label in standing(study.get_trials(deepcopy=False), (), index)}
+        rest = problem.candidates.iloc[[i for i in index.open if i not in evaluated]]
+        held = recorded_rows(problem.cost_model, rest.drop(columns="rule_reason"),
+                             problem.clusters)
+        if not held.any():
+            return found
+        recorded = problem.evaluate(rest[held.to_numpy()])
+        out = pd.concat([found, recorded], ignore_index=True)
+        out["trial"] = pd.array([*found["trial"], *[pd.NA] * len(recorded)], dtype="Int64")
+        if len(self.objectives) > 1:
+            out["pareto"] = self.pareto(out)
+        out.attrs = found.attrs
+        return out
+
+    def pareto(self, priced: pd.DataFrame) -> np.ndarray:
+        """Whether each row of `priced` is on the Pareto front of the objectives: it fits,
+        and no row that fits is at least as good in every objective and better in one."""
+        sign = np.array([-1.0 if d == "maximize" else 1.0 for d in self.directions])
+        values = priced[list(self.objectives)].to_numpy(dtype=float) * sign  # all minimized
+        candidates = np.flatnonzero(priced["fits"].to_numpy(dtype=bool)
+                                    & np.isfinite(values).all(axis=1))
+        # In lexicographic order a row comes after every row that dominates it, and one of
+        # those is on the front: comparing each row with the front so far is enough.
+        order = candidates[np.lexsort(values[candidates].T[::-1])]
+        on_front = np.zeros(len(priced), dtype=bool)
+        front: list[int] = []
+        for row in order:
+            better = values[front] <= values[row]
+            if not (better.all(axis=1) & (values[front] < values[row]).any(axis=1)).any():
+                front.append(int(row))
+                on_front[row] = True
+        return on_front
 
 
 class _Absent:
