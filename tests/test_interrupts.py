@@ -8,16 +8,7 @@ import time
 import pytest
 
 from layoutsearch.interrupts import noticing_interrupts, raise_if_interrupted
-
-
-class PressesCtrlCWhileFinalized:
-    """Delivers SIGINT while the garbage collector runs its `__del__`: CPython prints the
-    KeyboardInterrupt raised there as "Exception ignored" and drops it."""
-
-    def __del__(self) -> None:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)  # the handler runs here, inside the finalizer
-
+from tests.presses import PressesCtrlCWhileFinalized
 
 # The KeyboardInterrupt dropped in __del__ is what pytest reports as unraisable: expected.
 lost_in_a_finalizer = pytest.mark.filterwarnings(

@@ -44,6 +44,7 @@ from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.problem import SearchProblem
 from layoutsearch.space import KNOBS, SearchSpace
 from layoutsearch.specs import ClusterSpec, Job
+from tests.presses import PressesCtrlCWhileFinalized
 
 if TYPE_CHECKING:  # not imported by the searches KILLABLE runs in a process of their own
     from tests.commands import Command
@@ -877,14 +878,6 @@ def test_a_sample_with_no_fit_says_it_saw_only_part_of_the_space() -> None:
     assert ranked.attrs["message"].startswith(
         "none of the 3 layouts the optuna driver evaluated (of 2240 in the space) fits; raise "
         "its n_trials, or price every layout with driver=grid")
-
-
-class PressesCtrlCWhileFinalized:
-    """SIGINT delivered while `__del__` runs: CPython drops the KeyboardInterrupt there."""
-
-    def __del__(self) -> None:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)  # the handler runs here, inside the finalizer
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
