@@ -23,6 +23,7 @@ import pandas as pd
 from layoutsearch.costs.base import MEASURED_FAILURE, CostModel, cost_model_fingerprint
 from layoutsearch.costs.measurement_file import MeasurementFile, measurement_key, plain_value
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.interrupts import noticing_interrupts, raise_if_interrupted
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import (
     JOB_KEY,
@@ -369,8 +370,14 @@ class MeasuredCostModel:
                 f"{self.file.path} are kept, and the same command resumes from them")
         # `~` expanded as the check above expands it: a path is taken literally by open().
         log_path = Path(log_dir).expanduser() / f"{name}.log"
-        outcome = self.launcher.run(Trial(name=name, command=command, log_path=log_path,
-                                          step_time_s=predicted_step_s))
+        try:
+            outcome = self.launcher.run(Trial(name=name, command=command, log_path=log_path,
+                                              step_time_s=predicted_step_s))
+        except KeyboardInterrupt:
+            # The launcher stopped the trial (a local one's processes, a Slurm job).
+            _tell(f"{self.launcher.name}: {name}: stopped by Ctrl-C before it finished; "
+                  "nothing was recorded, so the same command launches it again")
+            raise
         if not outcome.ran:
             _tell(f"{self.launcher.name}: {name}: {outcome.text}")
             return f"not measured: {outcome.text}"
@@ -410,6 +417,37 @@ class MeasuredCostModel:
         return (f"its measurement file ({self.file.path}), prescreen and top_k: one of them "
                 "changed")
 
+    def _price_row(self, i: Any, row: Mapping[str, Any],
+                   known: dict[tuple[Any, ...], dict[str, Any]],
+                   clusters: Mapping[str, ClusterSpec], predicted: float | None,
+                   out: pd.DataFrame, reasons: pd.Series) -> None:
+        """Row `i` of `out` (and its reason) from the file's run of it, or launched: the
+        launch is appended to the file and to `known`."""
+        measured = self._recorded(known, row)
+        if measured is None:
+            outcome = self._measure(row, clusters, predicted)
+            if isinstance(outcome, str):
+                reasons.loc[i] = outcome
+                return
+            measured = outcome
+            known[measurement_key(row)] = measured
+        status = str(measured["status"])
+        out.loc[i, "measured_status"] = status
+        out.loc[i, "tflops_per_gpu"] = measured.get("tflops_per_gpu", np.nan)
+        out.loc[i, "peak_memory_gib"] = measured.get("peak_memory_gib", np.nan)
+        if status == "ok":
+            out.loc[i, ["step_time_s", "mfu", "tokens_per_s"]] = [
+                float(measured["step_time_s"]), float(measured["mfu"]),
+                float(measured.get("tokens_per_s") or np.nan)]
+            out.loc[i, "fits"] = True
+        else:
+            detail = str(measured.get("message") or "")
+            detail = "" if detail == "nan" else detail
+            again = (f" (cost_models.retry=[{status}] launches it again)"
+                     if status in RETRY_HINTED else "")
+            reasons.loc[i] = (f"{MEASURED_FAILURE}{status}" + (f": {detail}" if detail else "")
+                              + again)
+
     def score(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
               ) -> pd.DataFrame:
         index = candidates.index
@@ -425,33 +463,19 @@ class MeasuredCostModel:
             out[f"{self.prescreen.name}_mfu"] = prior["mfu"]
         records = {i: {str(k): v for k, v in r.items()}
                    for i, r in candidates.loc[chosen].to_dict("index").items()}
-        for i in chosen:
-            row = records[i]
-            measured = self._recorded(known, row)
-            if measured is None:
-                predicted = None if prior is None else float(prior.loc[i, "step_time_s"])
-                outcome = self._measure(row, clusters, predicted)
-                if isinstance(outcome, str):
-                    reasons.loc[i] = outcome
-                    continue
-                measured = outcome
-                known[measurement_key(row)] = measured
-            status = str(measured["status"])
-            out.loc[i, "measured_status"] = status
-            out.loc[i, "tflops_per_gpu"] = measured.get("tflops_per_gpu", np.nan)
-            out.loc[i, "peak_memory_gib"] = measured.get("peak_memory_gib", np.nan)
-            if status == "ok":
-                out.loc[i, ["step_time_s", "mfu", "tokens_per_s"]] = [
-                    float(measured["step_time_s"]), float(measured["mfu"]),
-                    float(measured.get("tokens_per_s") or np.nan)]
-                out.loc[i, "fits"] = True
-            else:
-                detail = str(measured.get("message") or "")
-                detail = "" if detail == "nan" else detail
-                again = (f" (cost_models.retry=[{status}] launches it again)"
-                         if status in RETRY_HINTED else "")
-                reasons.loc[i] = (f"{MEASURED_FAILURE}{status}" + (f": {detail}" if detail else "")
-                                  + again)
+        try:
+            # A Ctrl-C that a finalizer swallowed (interrupts.py) is raised before the next
+            # launch, not after it: each may train for an hour.
+            with noticing_interrupts():
+                for i in chosen:
+                    raise_if_interrupted()
+                    predicted = None if prior is None else float(prior.loc[i, "step_time_s"])
+                    self._price_row(i, records[i], known, clusters, predicted, out, reasons)
+                raise_if_interrupted()
+        except KeyboardInterrupt:
+            _tell(f"measured: interrupted; {self.file.path} keeps every finished run, and the "
+                  "same command resumes without launching them again")
+            raise
         out["cost_reason"] = reasons.astype(str)
         out["fits"] = out["fits"].astype(bool)
         tokens = candidates["global_batch_size"] * candidates["seq_length"]

@@ -32,6 +32,7 @@ from layoutsearch.testing import (
     launches,
     running_trials,
 )
+from tests.presses import PressesCtrlCWhileFinalized
 
 JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
            vocab_size=128000)
@@ -139,12 +140,54 @@ except KeyboardInterrupt:
 
 @pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds trials in /proc")
 def test_ctrl_c_stops_the_trial_in_flight(tmp_path):
-    process = subprocess.Popen([sys.executable, "-c", INTERRUPTED, str(tmp_path)])
+    process = subprocess.Popen([sys.executable, "-c", INTERRUPTED, str(tmp_path)],
+                               stderr=subprocess.PIPE, text=True)
     wait_for_lines(tmp_path / "launches.txt", 1, process)
     assert running_trials(tmp_path), "the hanging trial should be running"
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=30) == 130
     assert wait_until_no_trial_runs(tmp_path) == []
+    # As an optuna study's storage does, the search says what is kept and how to resume.
+    told = [line for line in process.stderr.read().splitlines() if "Ctrl-C" in line
+            or "interrupted" in line]
+    assert re.fullmatch(r"local: llama_13b_\S+: stopped by Ctrl-C before it finished; nothing "
+                        r"was recorded, so the same command launches it again", told[0])
+    assert told[1:] == [
+        f"measured: interrupted; {tmp_path / 'measurements.csv'} keeps every finished run, "
+        "and the same command resumes without launching them again"]
+
+
+class PressedAfterTheFirstLaunch:
+    """A launcher whose first trial ends as Ctrl-C is pressed inside a finalizer, which
+    CPython loses (layoutsearch/interrupts.py)."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.pressed = inner, inner.name, False
+
+    def __getattr__(self, name):
+        if name == "inner":  # not set yet (a copy being made): no endless recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def run(self, trial):
+        outcome = self.inner.run(trial)
+        if not self.pressed:
+            self.pressed = True
+            finalized = PressesCtrlCWhileFinalized()
+            del finalized
+        return outcome
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_a_finalizer_swallowed_stops_a_measured_search_before_its_next_launch(
+        tmp_path):
+    # Lost, it let the search launch the next two layouts, each a training run.
+    model = fake_measured_model(tmp_path, top_k=3)
+    model.launcher = PressedAfterTheFirstLaunch(model.launcher)
+    with pytest.raises(KeyboardInterrupt):
+        layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert len(launches(tmp_path)) == 1
+    assert list(read_measurements(tmp_path / "measurements.csv")["status"]) == ["ok"]
 
 
 def test_measured_model_conforms_and_never_launches_what_megatron_cannot_run(tmp_path):
