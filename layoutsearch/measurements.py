@@ -12,13 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.errors import LayoutSearchError, closest_names, unknown_name_message
-from layoutsearch.layout import ATTENTION_KERNELS, LAYOUT_COLUMNS, RECOMPUTE_KINDS
+from layoutsearch.layout import (
+    ATTENTION_KERNELS,
+    DATA_PARALLEL_NO_OPS,
+    LAYOUT_COLUMNS,
+    RECOMPUTE_KINDS,
+)
 from layoutsearch.specs import LARGEST_SIZE, NORMALIZATIONS, ClusterSpec
 from layoutsearch.table_files import (
     LINE_NUMBERS,
@@ -66,7 +72,22 @@ JOB_KEY = (
 """The columns that make two rows the same job (the free-text `model` name is left out:
 a user's model may be named otherwise)."""
 MEASUREMENT_KEY = (*JOB_KEY, *LAYOUT_COLUMNS)
-"""The columns that make two rows the same measurement: the job and the layout."""
+"""The columns that make two rows the same measurement: the job and the layout (with the
+knobs that change nothing for it `as_searched`)."""
+
+
+def as_searched(values: Mapping[str, Any] | pd.DataFrame) -> dict[str, Any]:
+    """The knobs that change nothing for a layout, as a search keeps them, of one run (a
+    row's values) or of a table (its columns): sequence parallelism off at tp = 1 (Megatron-LM
+    turns it off there), and at dp·cp = 1 the values of layout.DATA_PARALLEL_NO_OPS. A run
+    recorded with either value is a measurement of the layout searched."""
+    alone = np.asarray(values["dp"]) * np.asarray(values["cp"]) == 1
+    out = {"sequence_parallel": np.asarray(values["sequence_parallel"], dtype=bool)
+           & (np.asarray(values["tp"]) > 1)}
+    for knob, kept in DATA_PARALLEL_NO_OPS.items():
+        out[knob] = np.where(alone, kept, np.asarray(values[knob], dtype=bool))
+    return out
+
 _TRUE = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 

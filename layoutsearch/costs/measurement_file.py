@@ -29,6 +29,7 @@ from layoutsearch.measurements import (
     OPTIONAL_DEFAULTS,
     OPTIONAL_FIGURES,
     REQUIRED_COLUMNS,
+    as_searched,
     read_table,
     validate_measurements,
 )
@@ -59,8 +60,11 @@ def plain_value(value: Any) -> Any:
 
 
 def measurement_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The identity of a run: job shape and layout, types normalized (CSV or table)."""
-    return tuple(plain_value(row[c]) for c in MEASUREMENT_KEY)
+    """The identity of a run: job shape and layout, types normalized (CSV or table), the
+    knobs that change nothing for the layout as a search keeps them (`as_searched`: a
+    user's file may record sequence parallelism at tp = 1)."""
+    values = {**row, **as_searched(row)}
+    return tuple(plain_value(values[c]) for c in MEASUREMENT_KEY)
 
 
 class MeasurementFile:

@@ -25,8 +25,8 @@ import pandas as pd
 
 from layoutsearch.costs.base import MEASURED, UNMEASURED
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.layout import DATA_PARALLEL_NO_OPS, LAYOUT_COLUMNS
-from layoutsearch.measurements import JOB_KEY, MEASUREMENT_KEY, read_measurements
+from layoutsearch.layout import LAYOUT_COLUMNS
+from layoutsearch.measurements import JOB_KEY, MEASUREMENT_KEY, as_searched, read_measurements
 from layoutsearch.specs import ClusterSpec
 
 FAILED_REASONS = {
@@ -53,14 +53,11 @@ them out, so that a study resumes under the same file as before they were added.
 
 
 def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
-    """The key columns, with sequence parallelism at tp = 1 counted as off (a no-op), and
-    the knobs that change nothing at dp·cp = 1 as the value a search keeps there
-    (layout.DATA_PARALLEL_NO_OPS), so a run measured either way prices that layout."""
+    """The key columns, with the knobs that change nothing for a layout as a search keeps
+    them (measurements.as_searched), so a run measured either way prices that layout."""
     keys = frame.loc[:, list(MEASUREMENT_KEY)].copy()
-    keys["sequence_parallel"] = keys["sequence_parallel"].astype(bool) & (keys["tp"] > 1)
-    alone = (keys["dp"] * keys["cp"] == 1).to_numpy()
-    for knob, kept in DATA_PARALLEL_NO_OPS.items():
-        keys[knob] = np.where(alone, kept, keys[knob].astype(bool))
+    for knob, values in as_searched(keys).items():
+        keys[knob] = values
     for column in ("gpu", "attention", "recompute", "normalization"):
         keys[column] = keys[column].astype(str)
     return keys

@@ -263,6 +263,27 @@ def test_recorded_layouts_beyond_top_k_are_priced_from_the_file(tmp_path, step_t
     assert scored["cost_reason"].eq("").all() and model.launched == 0
 
 
+def test_a_run_recorded_with_a_knob_that_changed_nothing_is_not_launched_again(
+        tmp_path, candidate, step_time_for):
+    # Megatron-LM turns sequence parallelism off at tp = 1, and one data-parallel rank has
+    # nothing to shard or overlap: a file of the user's may record either value there.
+    # The replay priced such runs as the layouts searched; the measured model, finding no
+    # run of exactly the candidate's values, launched them again.
+    clusters = layoutsearch.catalog.clusters_by_gpu()
+    job = dict(num_gpus=8, global_batch_size=64, rmsnorm_kernel=True)
+    table = pd.concat([candidate("llama_7b", tp=1, pp=1, **job),
+                       candidate("llama_7b", tp=4, pp=2, **job)], ignore_index=True)
+    model = fake_measured_model(tmp_path, prescreen=None)
+    as_run = [{"sequence_parallel": True},
+              {"distributed_optimizer": False, "overlap_grad_reduce": True}]
+    for (_, row), ran, mfu in zip(table.iterrows(), as_run, (0.5, 0.4), strict=True):
+        recorded = {**row.to_dict(), **ran, "gpus_per_node": 8, "status": "ok", "mfu": mfu}
+        model.file.append({**recorded, "step_time_s": step_time_for(recorded, mfu)})
+    scored = model.score(table, clusters)
+    assert model.launched == 0 and launches(tmp_path) == []
+    assert list(scored["mfu"]) == [0.5, 0.4]
+
+
 def test_an_attention_switch_inherited_from_the_shell_cannot_stop_the_run(
         tmp_path, monkeypatch):
     # Ranks inherit the search's environment (on Slurm, the submitting shell's): with
