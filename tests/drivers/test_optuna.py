@@ -489,6 +489,20 @@ def test_a_resumed_studys_progress_counts_from_what_it_already_priced(
     assert f"best MFU {100 * best:.1f} %" in lines[-1]
 
 
+def test_the_progress_line_counts_to_the_layouts_there_are_to_price(
+        counting: CountingModel, capsys: pytest.CaptureFixture[str]) -> None:
+    # A space with fewer layouts than n_trials: done when all are priced, the line ended at
+    # "24/50 layouts priced", as if the search had stopped short.
+    space = SearchSpace.load("paper").pin(**{**SPACE, "tp": [1, 2], "pp": [1],
+                                             "attention": ["flash2"]})
+    problem = make_problem(counting, space=space)
+    open_layouts = len(LayoutIndex.of(problem).open)
+    ranked = OptunaDriver(n_trials=50, progress=True).run(problem)
+    assert len(ranked) == open_layouts < 50
+    lines = [line for line in capsys.readouterr().err.split("\r") if line.strip()]
+    assert lines[-1].startswith(f"optuna: {open_layouts}/{open_layouts} layouts priced · ")
+
+
 def test_a_study_made_for_another_job_or_space_is_refused(tmp_path: Path,
                                                           counting: CountingModel) -> None:
     url = f"sqlite:///{tmp_path}/study.db"

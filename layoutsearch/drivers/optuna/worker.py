@@ -142,7 +142,9 @@ class Worker:
         self.worst = tuple(0.0 if d == "maximize" else math.inf for d in driver.directions)
         self.rng = np.random.default_rng(None if driver.seed is None else driver.seed + number)
         label = "optuna" if driver.n_workers == 1 else f"optuna worker {number}"
-        self.progress = Progress(total=driver.n_trials, label=label, enabled=driver.progress)
+        # The search ends when every open layout is priced, within n_trials or without it.
+        total = min(driver.n_trials or len(index.open), len(index.open))
+        self.progress = Progress(total=total, label=label, enabled=driver.progress)
 
     def run(self) -> None:
         deadline = time.monotonic() + (self.driver.timeout or math.inf)
