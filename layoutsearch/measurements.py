@@ -379,6 +379,17 @@ def check_units(rows: pd.DataFrame, clusters: Mapping[str, ClusterSpec], source:
             "peak?")
 
 
+def not_a_table(path: str | Path) -> str:
+    """Why `path` names no measurement table, by its suffix: a settings file (YAML, JSON);
+    "" where it may name one."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in (".yaml", ".yml", ".json"):
+        return ""
+    return (f"is a {suffix[1:].upper()} file, not a measurement table: name a CSV or Parquet "
+            "file of runs (docs/measurements.md); cost-model constants go to cost_model=, "
+            "Megatron-LM settings to megatron=")
+
+
 def read_table(path: str | Path) -> pd.DataFrame:
     """A measurement file as it is, unvalidated (CSV, or Parquet by its suffix)."""
     path = Path(path)
@@ -389,12 +400,9 @@ def read_table(path: str | Path) -> pd.DataFrame:
         # A pipe or a device would be read once, or block: a file is what can be read again.
         what = "is not a regular file" if path.exists() else "does not exist"
         raise LayoutSearchError(f"measurement file {str(path)!r} {what}")
-    if path.suffix.lower() in (".yaml", ".yml", ".json"):
+    if not_a_table(path):
         # Read as CSV it would fail on some line's commas, which says nothing of the mistake.
-        raise LayoutSearchError(
-            f"measurement file {str(path)!r} is a {path.suffix[1:].upper()} file, not a "
-            "measurement table: name a CSV or Parquet file of runs (docs/measurements.md); "
-            "cost-model constants go to cost_model=, Megatron-LM settings to megatron=")
+        raise LayoutSearchError(f"measurement file {str(path)!r} {not_a_table(path)}")
     parquet = is_parquet(path)
     # Refuses a line longer than the header, or a column of the schema named twice.
     lines = [] if parquet else record_lines(path, READ_COLUMNS)

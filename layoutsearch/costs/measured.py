@@ -30,6 +30,7 @@ from layoutsearch.measurements import (
     MEASUREMENT_KEY,
     OPTIONAL_DEFAULTS,
     REQUIRED_COLUMNS,
+    not_a_table,
 )
 from layoutsearch.megatron.args import (
     FLASH2_ON_HOPPER,
@@ -119,6 +120,10 @@ class MeasuredCostModel:
                 f"measured.measurements={measurements!r}: must be the path of the measurement "
                 "file each run is appended to (CSV, or Parquet by its suffix; the default "
                 "is measurements.csv)")
+        if not_a_table(measurements):
+            # Found out on reading it back, after the first launch had been written to it.
+            raise LayoutSearchError(
+                f"measured.measurements={str(measurements)!r}: {not_a_table(measurements)}")
         self.prescreen_by_default = prescreen_by_default
         """Whether the prescreen is DEFAULT_PRESCREEN, taken because top_k named none."""
         self.retry = tuple(retry)

@@ -713,6 +713,12 @@ def test_retry_launches_the_recorded_failures_again(tmp_path):
     ("measurements", None, r"measured.measurements=None: must be the path of the "
                            r"measurement file"),
     ("measurements", "", r"measured.measurements='': must be the path"),
+    # A settings file named by mistake: the first layout was launched, its run written as
+    # CSV into the YAML file, and the file refused only when read back.
+    ("measurements", "cost_models/mine.yaml",
+     r"^measured.measurements='cost_models/mine.yaml': is a YAML file, not a measurement "
+     r"table: name a CSV or Parquet file of runs \(docs/measurements.md\); cost-model "
+     r"constants go to cost_model=, Megatron-LM settings to megatron=$"),
 ])
 def test_measured_settings_name_their_rule(tmp_path, setting, value, rule):
     settings = {"measurements": str(tmp_path / "m.csv"), setting: value}
