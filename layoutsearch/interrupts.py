@@ -9,8 +9,13 @@ Ctrl-C is also remembered, so that a loop raises it at its next safe point, and 
 "Exception ignored" traceback of one that a finalizer swallowed is not printed: it is
 not lost.
 
+Inside `deferring_interrupts()` a Ctrl-C waits for the block to end: a measured search
+records a finished run (an hour of training) before the press stops it.
+
     with noticing_interrupts():
         while searching: raise_if_interrupted(); ...
+    with deferring_interrupts():
+        file.append(row)   # Ctrl-C pressed here is raised once the row is written
 """
 
 from __future__ import annotations
@@ -61,3 +66,37 @@ def raise_if_interrupted() -> None:
     if _pressed.is_set():
         _pressed.clear()
         raise KeyboardInterrupt
+
+
+@contextmanager
+def deferring_interrupts() -> Iterator[None]:
+    """Hold off a Ctrl-C pressed while the block runs, and deliver it, to the handler the
+    block found, once the block has ended (not when it raised: that stops the caller
+    anyway). A second press inside the block is raised at once, so that a block stuck
+    (on a lock another process holds) can still be left. In the main thread only, where
+    Python runs signal handlers; elsewhere, and under a handler installed outside Python
+    (which could not be put back), the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None:
+        yield
+        return
+    presses = 0
+
+    def hold_the_first(signum: int, frame: FrameType | None) -> None:
+        nonlocal presses
+        presses += 1
+        if presses > 1:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, hold_the_first)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if presses:
+        # Delivered again rather than raised: Python's handler raises KeyboardInterrupt,
+        # `noticing_interrupts` also remembers it, and a handler of the user's does its own.
+        signal.raise_signal(signal.SIGINT)

@@ -23,7 +23,11 @@ import pandas as pd
 from layoutsearch.costs.base import MEASURED_FAILURE, CostModel, cost_model_fingerprint
 from layoutsearch.costs.measurement_file import MeasurementFile, measurement_key, plain_value
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.interrupts import noticing_interrupts, raise_if_interrupted
+from layoutsearch.interrupts import (
+    deferring_interrupts,
+    noticing_interrupts,
+    raise_if_interrupted,
+)
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import (
     JOB_KEY,
@@ -383,25 +387,28 @@ class MeasuredCostModel:
             _tell(f"{self.launcher.name}: {name}: stopped by Ctrl-C before it finished; "
                   "nothing was recorded, so the same command launches it again")
             raise
-        if not outcome.ran:
-            _tell(f"{self.launcher.name}: {name}: {outcome.text}")
-            return f"not measured: {outcome.text}"
-        self.launched += 1
-        result = parse_log(outcome.text, warmup_iters=self.settings.warmup_iters,
-                           returncode=outcome.returncode, timed_out=outcome.timed_out)
-        if result.setup_problem:
-            raise LayoutSearchError(
-                f"cost_models=measured stopped: {name} failed before training, as every "
-                f"layout would: {result.message} (log {log_path}). Check python, torchrun, "
-                f"megatron_path and extra_args (cost_models/megatron.yaml); nothing was "
-                f"recorded for it, the measurements already in {self.file.path} are kept, "
-                "and the same command resumes from them")
-        measured = _result_row(row, result, clusters, self.launcher.name, log_path)
-        self.file.append(measured)
-        figure = (f", {result.step_time_s:.2f} s per step" if result.status == "ok"
-                  else "")
-        _tell(f"{self.launcher.name}: {name}: {result.status}{figure} (log {log_path})")
-        return measured
+        # A Ctrl-C from here on waits for the run to be in the file: it may have trained
+        # for an hour, and the same command would launch it again.
+        with deferring_interrupts():
+            if not outcome.ran:
+                _tell(f"{self.launcher.name}: {name}: {outcome.text}")
+                return f"not measured: {outcome.text}"
+            self.launched += 1
+            result = parse_log(outcome.text, warmup_iters=self.settings.warmup_iters,
+                               returncode=outcome.returncode, timed_out=outcome.timed_out)
+            if result.setup_problem:
+                raise LayoutSearchError(
+                    f"cost_models=measured stopped: {name} failed before training, as every "
+                    f"layout would: {result.message} (log {log_path}). Check python, torchrun, "
+                    f"megatron_path and extra_args (cost_models/megatron.yaml); nothing was "
+                    f"recorded for it, the measurements already in {self.file.path} are kept, "
+                    "and the same command resumes from them")
+            measured = _result_row(row, result, clusters, self.launcher.name, log_path)
+            self.file.append(measured)
+            figure = (f", {result.step_time_s:.2f} s per step" if result.status == "ok"
+                      else "")
+            _tell(f"{self.launcher.name}: {name}: {result.status}{figure} (log {log_path})")
+            return measured
 
     def reprices(self, costs: Mapping[str, Any]) -> bool:
         """Whether a layout priced in an earlier search is asked again (its file row read, or

@@ -190,6 +190,33 @@ def test_a_ctrl_c_a_finalizer_swallowed_stops_a_measured_search_before_its_next_
     assert list(read_measurements(tmp_path / "measurements.csv")["status"]) == ["ok"]
 
 
+class PressedWhileRecording(MeasurementFile):
+    """A measurement file that Ctrl-C is pressed at as each row is appended to it."""
+
+    def append(self, row):
+        signal.raise_signal(signal.SIGINT)
+        super().append(row)
+
+
+def test_a_ctrl_c_pressed_as_a_finished_run_is_recorded_stops_the_search_after_its_row(
+        tmp_path, capsys):
+    # Raised before the row was written, it lost a run that may have trained for an hour,
+    # and the same command launched that layout again.
+    model = fake_measured_model(tmp_path, top_k=2)
+    model.file = PressedWhileRecording(model.file.path)
+    with pytest.raises(KeyboardInterrupt):
+        layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert len(launches(tmp_path)) == 1
+    assert list(read_measurements(tmp_path / "measurements.csv")["status"]) == ["ok"]
+    told = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"local: llama_7b_\S+: ok, \d+\.\d\d s per step \(log \S+\)", told[0])
+    assert told[1:] == [
+        f"measured: interrupted; {tmp_path / 'measurements.csv'} keeps every finished run, "
+        "and the same command resumes without launching them again"]
+    layoutsearch.search(cost_model=fake_measured_model(tmp_path, top_k=2), **SMALL_JOB)
+    assert len(launches(tmp_path)) == 2  # the recorded run is not launched again
+
+
 def test_measured_model_conforms_and_never_launches_what_megatron_cannot_run(tmp_path):
     model = MeasuredCostModel(settings=fake_megatron_settings(tmp_path),
                               measurements=tmp_path / "measurements.csv")
