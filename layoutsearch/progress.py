@@ -8,7 +8,7 @@ which clears the progress line first and paints it again below.
 
     with Progress(total=len(candidates), label="grid") as progress:
         progress.update(priced_rows)   # the frame of rows priced in this batch
-    say("local: tp2 pp4 ...: ok, 4.1 s per step")
+    say("local: launch 3 of 8: llama_13b_..._tp2_pp4_...: ok, 4.10 s per step")
 """
 
 from __future__ import annotations

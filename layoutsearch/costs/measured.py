@@ -350,9 +350,10 @@ class MeasuredCostModel:
         return pd.Series(held or False, index=candidates.index, dtype=bool)
 
     def _measure(self, row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec],
-                 predicted_step_s: float | None) -> dict[str, Any] | str:
+                 predicted_step_s: float | None, position: str) -> dict[str, Any] | str:
         """A new measurement row, or why the layout could not be launched. The prescreen's
-        predicted step time (s), when there is one, sizes the trial's time limit."""
+        predicted step time (s), when there is one, sizes the trial's time limit;
+        `position` ("launch 3 of 8: ", or "") goes before the trial's name in its lines."""
         command = command_of_row(row, clusters, self.settings)
         name = _trial_name(row)
         unwritable = unwritable_file(self.file.path)
@@ -379,19 +380,20 @@ class MeasuredCostModel:
                 f"{self.file.path} are kept, and the same command resumes from them")
         # `~` expanded as the check above expands it: a path is taken literally by open().
         log_path = Path(log_dir).expanduser() / f"{name}.log"
+        trial = f"{self.launcher.name}: {position}{name}"
         try:
             outcome = self.launcher.run(Trial(name=name, command=command, log_path=log_path,
                                               step_time_s=predicted_step_s))
         except KeyboardInterrupt:
             # The launcher stopped the trial (a local one's processes, a Slurm job).
-            _tell(f"{self.launcher.name}: {name}: stopped by Ctrl-C before it finished; "
-                  "nothing was recorded, so the same command launches it again")
+            _tell(f"{trial}: stopped by Ctrl-C before it finished; nothing was recorded, so "
+                  "the same command launches it again")
             raise
         # A Ctrl-C from here on waits for the run to be in the file: it may have trained
         # for an hour, and the same command would launch it again.
         with deferring_interrupts():
             if not outcome.ran:
-                _tell(f"{self.launcher.name}: {name}: {outcome.text}")
+                _tell(f"{trial}: {outcome.text}")
                 return f"not measured: {outcome.text}"
             self.launched += 1
             result = parse_log(outcome.text, warmup_iters=self.settings.warmup_iters,
@@ -407,7 +409,7 @@ class MeasuredCostModel:
             self.file.append(measured)
             figure = (f", {result.step_time_s:.2f} s per step" if result.status == "ok"
                       else "")
-            _tell(f"{self.launcher.name}: {name}: {result.status}{figure} (log {log_path})")
+            _tell(f"{trial}: {result.status}{figure} (log {log_path})")
             return measured
 
     def reprices(self, costs: Mapping[str, Any]) -> bool:
@@ -432,12 +434,12 @@ class MeasuredCostModel:
     def _price_row(self, i: Any, row: Mapping[str, Any],
                    known: dict[tuple[Any, ...], dict[str, Any]],
                    clusters: Mapping[str, ClusterSpec], predicted: float | None,
-                   out: pd.DataFrame, reasons: pd.Series) -> None:
-        """Row `i` of `out` (and its reason) from the file's run of it, or launched: the
-        launch is appended to the file and to `known`."""
+                   out: pd.DataFrame, reasons: pd.Series, position: str) -> None:
+        """Row `i` of `out` (and its reason) from the file's run of it, or launched (its
+        lines begin with `position`): the launch is appended to the file and to `known`."""
         measured = self._recorded(known, row)
         if measured is None:
-            outcome = self._measure(row, clusters, predicted)
+            outcome = self._measure(row, clusters, predicted, position)
             if isinstance(outcome, str):
                 reasons.loc[i] = outcome
                 return
@@ -460,6 +462,20 @@ class MeasuredCostModel:
             reasons.loc[i] = (f"{MEASURED_FAILURE}{status}" + (f": {detail}" if detail else "")
                               + again)
 
+    def _launch_positions(self, chosen: list[Any], records: Mapping[Any, Mapping[str, Any]],
+                          known: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> dict[Any, str]:
+        """The "launch 3 of 8: " of each row of `chosen` that this call launches, out of the
+        layouts the file does not hold: the launches it makes at most (fewer when one stops
+        the search). None when it launches one: a driver that prices a layout a call
+        (optuna's trials, the paper rules' steps) counts them on its own progress line."""
+        first: dict[tuple[Any, ...], Any] = {}  # a layout asked twice is launched once
+        for i in chosen:
+            if self._recorded(known, records[i]) is None:
+                first.setdefault(measurement_key(records[i]), i)
+        if len(first) < 2:
+            return {}
+        return {i: f"launch {k} of {len(first)}: " for k, i in enumerate(first.values(), 1)}
+
     def score(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
               ) -> pd.DataFrame:
         index = candidates.index
@@ -475,6 +491,7 @@ class MeasuredCostModel:
             out[f"{self.prescreen.name}_mfu"] = prior["mfu"]
         records = {i: {str(k): v for k, v in r.items()}
                    for i, r in candidates.loc[chosen].to_dict("index").items()}
+        positions = self._launch_positions(chosen, records, known)
         try:
             # A Ctrl-C that a finalizer swallowed (interrupts.py) is raised before the next
             # launch, not after it: each may train for an hour.
@@ -482,7 +499,8 @@ class MeasuredCostModel:
                 for i in chosen:
                     raise_if_interrupted()
                     predicted = None if prior is None else float(prior.loc[i, "step_time_s"])
-                    self._price_row(i, records[i], known, clusters, predicted, out, reasons)
+                    self._price_row(i, records[i], known, clusters, predicted, out, reasons,
+                                    positions.get(i, ""))
                 raise_if_interrupted()
         except KeyboardInterrupt:
             _tell(f"measured: interrupted; {self.file.path} keeps every finished run, and the "

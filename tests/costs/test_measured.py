@@ -48,7 +48,7 @@ def test_measured_search_matches_analytic_and_survives_failures(tmp_path, capsys
     ranked = layoutsearch.search(cost_model=model, **JOB)
     # One line per trial on stderr, as it finishes: its status, step time and log.
     told = [line for line in capsys.readouterr().err.splitlines() if "(log " in line]
-    assert [line.split(": ")[2].split(" ")[0].rstrip(",") for line in told] == [
+    assert [line.split(": ")[3].split(" ")[0].rstrip(",") for line in told] == [
         "ok", "error", "timeout", "oom"]
     assert " s per step (log " in told[0]
     assert layout_of(ranked.iloc[0]) == layout_of(analytic.iloc[0])
@@ -150,7 +150,8 @@ def test_ctrl_c_stops_the_trial_in_flight(tmp_path):
     # As an optuna study's storage does, the search says what is kept and how to resume.
     told = [line for line in process.stderr.read().splitlines() if "Ctrl-C" in line
             or "interrupted" in line]
-    assert re.fullmatch(r"local: llama_13b_\S+: stopped by Ctrl-C before it finished; nothing "
+    assert re.fullmatch(r"local: launch 1 of 2: llama_13b_\S+: stopped by Ctrl-C before it "
+                        r"finished; nothing "
                         r"was recorded, so the same command launches it again", told[0])
     assert told[1:] == [
         f"measured: interrupted; {tmp_path / 'measurements.csv'} keeps every finished run, "
@@ -209,7 +210,8 @@ def test_a_ctrl_c_pressed_as_a_finished_run_is_recorded_stops_the_search_after_i
     assert len(launches(tmp_path)) == 1
     assert list(read_measurements(tmp_path / "measurements.csv")["status"]) == ["ok"]
     told = capsys.readouterr().err.splitlines()
-    assert re.fullmatch(r"local: llama_7b_\S+: ok, \d+\.\d\d s per step \(log \S+\)", told[0])
+    assert re.fullmatch(r"local: launch 1 of 2: llama_7b_\S+: ok, \d+\.\d\d s per step "
+                        r"\(log \S+\)", told[0])
     assert told[1:] == [
         f"measured: interrupted; {tmp_path / 'measurements.csv'} keeps every finished run, "
         "and the same command resumes without launching them again"]
@@ -1008,7 +1010,7 @@ def test_the_fake_runs_flash3_where_the_flash_backend_would_on_hopper(tmp_path):
     assert abs(step - flash2) > 0.1 * step
 
 
-def test_the_paper_drivers_answer_holds_every_layout_it_launched(tmp_path):
+def test_the_paper_drivers_answer_holds_every_layout_it_launched(tmp_path, capsys):
     # The rules measure micro-batch 1, then raise it to 2 (faster, it fits): both runs are
     # in the ranking, the pick first; before, the slower run was launched but left out.
     model = fake_measured_model(tmp_path)
@@ -1019,6 +1021,10 @@ def test_the_paper_drivers_answer_holds_every_layout_it_launched(tmp_path):
     assert list(measured["micro_batch_size"]) == [2, 1]
     assert "micro-batch is raised" in ranked.iloc[0]["paper_rule"]
     assert ranked.iloc[1]["paper_rule"] == "passed over by the rules: fits, no faster than the pick"
+    # Priced a layout a call, each launch is no "launch 1 of 1": the rules' progress line
+    # counts them.
+    told = [line for line in capsys.readouterr().err.splitlines() if "(log " in line]
+    assert len(told) == 2 and all(line.startswith("local: llama_7b_") for line in told)
 
 
 def test_a_launchs_line_is_a_line_of_its_own_beside_a_progress_line(tmp_path, capsys):
@@ -1031,8 +1037,25 @@ def test_a_launchs_line_is_a_line_of_its_own_beside_a_progress_line(tmp_path, ca
     # What a terminal or a notebook shows: each line as its last carriage return left it.
     shown = [line.rsplit("\r", 1)[-1].rstrip() for line in capsys.readouterr().err.split("\n")]
     told = [line for line in shown if "(log " in line]
-    assert len(told) == 2 and all(line.startswith("local: ") for line in told)
+    # A trial launches one layout: its line says no "launch 1 of 1", the progress line counts.
+    assert len(told) == 2 and all(line.startswith("local: llama_13b_") for line in told)
     assert shown[-2].startswith("optuna: 2/2 layouts priced · best MFU ")
+
+
+def test_each_launchs_line_says_which_launch_of_how_many_the_search_makes(tmp_path, capsys):
+    # A grid search's launches, one line each as it finished, never said how far along a
+    # search of hours was.
+    def lines_begin(top_k: int) -> list[str]:
+        layoutsearch.search(cost_model=fake_measured_model(tmp_path, top_k=top_k), **SMALL_JOB)
+        told = [line for line in capsys.readouterr().err.splitlines() if "(log " in line]
+        return [line.split(": llama_7b_")[0] for line in told]
+
+    assert lines_begin(top_k=3) == [
+        "local: launch 1 of 3", "local: launch 2 of 3", "local: launch 3 of 3"]
+    # Resumed with a larger top_k: the count is of the layouts the file does not hold.
+    assert lines_begin(top_k=5) == ["local: launch 1 of 2", "local: launch 2 of 2"]
+    assert lines_begin(top_k=6) == ["local"]  # one launch: nothing to count
+    assert len(launches(tmp_path)) == 6
 
 
 def test_a_hopper_search_without_flash3_says_its_flashattention_layouts_are_not_measured(
