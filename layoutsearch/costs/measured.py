@@ -48,6 +48,7 @@ from layoutsearch.megatron.checks import every_command_rejected, rejection
 from layoutsearch.megatron.inverse import row_of_argv
 from layoutsearch.megatron.launchers import Launcher, Trial, build_launcher
 from layoutsearch.megatron.logs import LogResult, parse_log
+from layoutsearch.megatron.scripts import trial_time_limit_s
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.paths import unwritable_file, unwritable_folder
 from layoutsearch.progress import say
@@ -381,6 +382,11 @@ class MeasuredCostModel:
         # `~` expanded as the check above expands it: a path is taken literally by open().
         log_path = Path(log_dir).expanduser() / f"{name}.log"
         trial = f"{self.launcher.name}: {position}{name}"
+        if self.launcher.trains:
+            # A trial trains for minutes to hours before its result line: say it runs.
+            limit_s = trial_time_limit_s(self.settings, predicted_step_s)
+            limit = f"{limit_s:.0f} s" if limit_s < 600 else f"{limit_s / 60:.0f} min"
+            _tell(f"{trial}: started, time limit {limit} (log {log_path})")
         try:
             outcome = self.launcher.run(Trial(name=name, command=command, log_path=log_path,
                                               step_time_s=predicted_step_s))

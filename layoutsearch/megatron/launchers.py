@@ -56,6 +56,8 @@ class TrialLog:
 
 class Launcher(Protocol):
     name: str
+    trains: bool
+    """Whether `run` trains the layout (and may take hours), rather than writing a script."""
 
     def preflight(self, command: MegatronCommand) -> str | None:
         """Why this launcher cannot start the command at all (None: it can).
@@ -99,6 +101,7 @@ class DryRunLauncher:
     """Writes each trial's launch script next to its log path and runs nothing."""
 
     name = "dry_run"
+    trains = False
 
     def __init__(self, settings: MegatronSettings) -> None:
         self.settings = settings
@@ -119,6 +122,7 @@ class LocalLauncher:
     """torchrun as a subprocess on this node, with a wall-clock limit and a log per trial."""
 
     name = "local"
+    trains = True
 
     def __init__(self, settings: MegatronSettings, max_nodes: int | None = 1,
                  stop_grace_s: float = STOP_GRACE_S) -> None:
@@ -197,6 +201,7 @@ class SlurmLauncher:
     """One Slurm job per trial through submitit (the optional `slurm` extra)."""
 
     name = "slurm"
+    trains = True
 
     def __init__(self, settings: MegatronSettings,
                  executor_factory: Callable[[Path], Any] | None = None) -> None:

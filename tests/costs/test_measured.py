@@ -42,12 +42,22 @@ def layout_of(row: pd.Series) -> dict:
     return {c: row[c] for c in LAYOUT_COLUMNS}
 
 
+def without_starts(lines: list[str]) -> list[str]:
+    """The lines a measured search told, less those that say a launch started."""
+    return [line for line in lines if ": started, time limit " not in line]
+
+
+def result_lines(told: str) -> list[str]:
+    """The lines of `told` (stderr) that give a launch's result, with its log."""
+    return [line for line in without_starts(told.splitlines()) if "(log " in line]
+
+
 def test_measured_search_matches_analytic_and_survives_failures(tmp_path, capsys):
     analytic = layoutsearch.search(**JOB)
     model = fake_measured_model(tmp_path, top_k=4, inject="2=crash,3=hang,4=oom", timeout_s=3)
     ranked = layoutsearch.search(cost_model=model, **JOB)
     # One line per trial on stderr, as it finishes: its status, step time and log.
-    told = [line for line in capsys.readouterr().err.splitlines() if "(log " in line]
+    told = result_lines(capsys.readouterr().err)
     assert [line.split(": ")[3].split(" ")[0].rstrip(",") for line in told] == [
         "ok", "error", "timeout", "oom"]
     assert " s per step (log " in told[0]
@@ -209,7 +219,7 @@ def test_a_ctrl_c_pressed_as_a_finished_run_is_recorded_stops_the_search_after_i
         layoutsearch.search(cost_model=model, **SMALL_JOB)
     assert len(launches(tmp_path)) == 1
     assert list(read_measurements(tmp_path / "measurements.csv")["status"]) == ["ok"]
-    told = capsys.readouterr().err.splitlines()
+    told = without_starts(capsys.readouterr().err.splitlines())
     assert re.fullmatch(r"local: launch 1 of 2: llama_7b_\S+: ok, \d+\.\d\d s per step "
                         r"\(log \S+\)", told[0])
     assert told[1:] == [
@@ -1023,7 +1033,7 @@ def test_the_paper_drivers_answer_holds_every_layout_it_launched(tmp_path, capsy
     assert ranked.iloc[1]["paper_rule"] == "passed over by the rules: fits, no faster than the pick"
     # Priced a layout a call, each launch is no "launch 1 of 1": the rules' progress line
     # counts them.
-    told = [line for line in capsys.readouterr().err.splitlines() if "(log " in line]
+    told = result_lines(capsys.readouterr().err)
     assert len(told) == 2 and all(line.startswith("local: llama_7b_") for line in told)
 
 
@@ -1036,7 +1046,7 @@ def test_a_launchs_line_is_a_line_of_its_own_beside_a_progress_line(tmp_path, ca
                                                   "progress": True}, **JOB)
     # What a terminal or a notebook shows: each line as its last carriage return left it.
     shown = [line.rsplit("\r", 1)[-1].rstrip() for line in capsys.readouterr().err.split("\n")]
-    told = [line for line in shown if "(log " in line]
+    told = [line for line in without_starts(shown) if "(log " in line]
     # A trial launches one layout: its line says no "launch 1 of 1", the progress line counts.
     assert len(told) == 2 and all(line.startswith("local: llama_13b_") for line in told)
     assert shown[-2].startswith("optuna: 2/2 layouts priced · best MFU ")
@@ -1047,7 +1057,7 @@ def test_each_launchs_line_says_which_launch_of_how_many_the_search_makes(tmp_pa
     # search of hours was.
     def lines_begin(top_k: int) -> list[str]:
         layoutsearch.search(cost_model=fake_measured_model(tmp_path, top_k=top_k), **SMALL_JOB)
-        told = [line for line in capsys.readouterr().err.splitlines() if "(log " in line]
+        told = result_lines(capsys.readouterr().err)
         return [line.split(": llama_7b_")[0] for line in told]
 
     assert lines_begin(top_k=3) == [
@@ -1056,6 +1066,20 @@ def test_each_launchs_line_says_which_launch_of_how_many_the_search_makes(tmp_pa
     assert lines_begin(top_k=5) == ["local: launch 1 of 2", "local: launch 2 of 2"]
     assert lines_begin(top_k=6) == ["local"]  # one launch: nothing to count
     assert len(launches(tmp_path)) == 6
+
+
+def test_a_launch_says_it_started_before_it_trains(tmp_path, capsys):
+    # A trial trains for up to its time limit before its result line; nothing said that
+    # one was running, or for how long it may.
+    layoutsearch.search(cost_model=fake_measured_model(tmp_path, top_k=2, timeout_s=150),
+                        **SMALL_JOB)
+    told = [line.split(": llama_7b_")[0] + " ..." + line.rpartition(": ")[2].split(" (log")[0]
+            if ": started, " in line else line.split(": llama_7b_")[0] + " ...result"
+            for line in capsys.readouterr().err.splitlines() if "(log " in line]
+    assert told == ["local: launch 1 of 2 ...started, time limit 150 s",
+                    "local: launch 1 of 2 ...result",
+                    "local: launch 2 of 2 ...started, time limit 150 s",
+                    "local: launch 2 of 2 ...result"]
 
 
 def test_a_hopper_search_without_flash3_says_its_flashattention_layouts_are_not_measured(
