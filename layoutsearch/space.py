@@ -27,7 +27,7 @@ from layoutsearch.layout import (
     plain_cell,
 )
 from layoutsearch.paths import option_files, read_yaml_mapping
-from layoutsearch.specs import Job
+from layoutsearch.specs import LARGEST_SIZE, Job
 
 INTEGER_KNOBS = ("tp", "pp", "cp", "vp", "micro_batch_size")
 BOOLEAN_KNOBS = (
@@ -51,6 +51,10 @@ def _plain(value: Any) -> Any:
 
 
 def _as_list(knob: str, values: Any) -> list[Any]:
+    if isinstance(values, Mapping):
+        # Iterated, a mapping would give its keys: {1: a, 2: b} would pass as tp [1, 2].
+        raise LayoutSearchError(f"search space {knob}={values!r}: must be a value or a list "
+                                "of values (e.g. [1, 2]), not a mapping")
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
         values = [values]  # one value: a name, a number, a flag (or something wrong)
     values = [_plain(v) for v in values]
@@ -58,8 +62,11 @@ def _as_list(knob: str, values: Any) -> list[Any]:
         raise LayoutSearchError(f"search space {knob}: needs at least one value")
     if knob in INTEGER_KNOBS:
         for v in values:
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise LayoutSearchError(f"search space {knob}={v!r}: must be a positive integer")
+            # Past 2**53 the candidate table's int64 columns turn to float or object, whose
+            # products go wrong and on which optuna's sampler never returns (2**63).
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= LARGEST_SIZE:
+                raise LayoutSearchError(
+                    f"search space {knob}={v!r}: must be a positive integer of at most 2**53")
     elif knob in BOOLEAN_KNOBS:
         for v in values:
             if not isinstance(v, bool):
@@ -100,6 +107,10 @@ class SearchSpace:
 
     def __post_init__(self) -> None:
         # Validated here, not only in from_dict, so a space built in Python is checked too.
+        if not isinstance(self.name, str) or not self.name.strip():
+            # It labels reports and sweep summaries: null would be shown as 'None'.
+            raise LayoutSearchError(f"search space name={self.name!r}: must be a non-empty "
+                                    "string (a label for reports)")
         for knob in KNOBS:
             object.__setattr__(self, knob, tuple(_as_list(knob, getattr(self, knob))))
 
@@ -109,7 +120,7 @@ class SearchSpace:
             raise LayoutSearchError(f"search space {name!r} is {fields!r}: it must map knobs "
                                     f"to their values; knobs: {', '.join(KNOBS)}")
         values: dict[str, Any] = {}
-        name = str(fields.get("name", name))
+        name = fields.get("name", name)
         if not set(fields) - {"name", "_target_"}:
             # An empty file or mapping is more likely a mistake than a wish for the class
             # defaults, which no report would then name.

@@ -122,6 +122,18 @@ def test_pin_restricts_knobs(job: Job) -> None:
         ({"rmsnorm_kernel": 1.0}, r"rmsnorm_kernel=1\.0: must be true or false"),
         ({"recompute": b"full"}, r"recompute=b'full': must be one of none, selective"),
         ({"attention": 2}, r"attention=2: must be one of torch, fused"),
+        # Past 2**53 the table's columns were float or object: optuna's sampler never returned.
+        ({"tp": [1, 2**63]},
+         r"search space tp=9223372036854775808: must be a positive integer of at most 2\*\*53"),
+        ({"micro_batch_size": 2**70}, r"micro_batch_size=1180591620717411303424: must be a "
+                                      r"positive integer of at most 2\*\*53"),
+        # A mapping passed as its keys: tp [1, 2].
+        ({"tp": {1: "a", 2: "b"}},
+         r"search space tp=\{1: 'a', 2: 'b'\}: must be a value or a list of values \(e\.g\. "
+         r"\[1, 2\]\), not a mapping"),
+        ({"name": None, "tp": [1]}, r"search space name=None: must be a non-empty string"),
+        ({"name": "", "tp": [1]}, r"search space name='': must be a non-empty string"),
+        ({"name": [1], "tp": [1]}, r"search space name=\[1\]: must be a non-empty string"),
     ],
 )
 def test_bad_space_values_are_named(fields: dict[str, object], expected: str) -> None:
