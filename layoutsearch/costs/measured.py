@@ -115,7 +115,9 @@ class MeasuredCostModel:
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
                                   or top_k <= 0):
             raise LayoutSearchError(f"measured.top_k={top_k!r}: must be a positive integer")
-        if isinstance(retry, str) or not set(retry) <= set(RETRIABLE):
+        # A scalar (true, 3) is no list, and a mapping would pass as its keys.
+        if isinstance(retry, str | Mapping) or not isinstance(retry, Collection) or not all(
+                isinstance(status, str) and status in RETRIABLE for status in retry):
             raise LayoutSearchError(
                 f"measured.retry={retry!r}: must be a list of the statuses to launch again, "
                 f"of {', '.join(RETRIABLE)} (e.g. [error, timeout])")
@@ -173,10 +175,12 @@ class MeasuredCostModel:
         named = config.get("prescreen")
         by_default = named is None and bool(config.get("top_k"))
         chosen = DEFAULT_PRESCREEN if by_default else named
-        if chosen:
+        # null and false alone mean none: 0, "" or [] are no cost model, and are refused.
+        if chosen is not None and chosen is not False:
             from layoutsearch.costs import build_cost_model  # the registry imports this module
 
-            prescreen = build_cost_model(chosen, setting="measured.prescreen")
+            prescreen = build_cost_model(chosen, name="measured.prescreen",
+                                         setting="measured.prescreen")
             if isinstance(prescreen, MeasuredCostModel):
                 # A prescreen prices every candidate to pick top_k: as training runs, that
                 # is the whole grid.
@@ -184,11 +188,13 @@ class MeasuredCostModel:
                     f"{source}: prescreen={chosen!r} is a measured cost model, "
                     "which would launch every candidate to choose the top_k to launch; use "
                     "analytic, a calibrated analytic file or a replay of measurements")
-        retry = config.get("retry") or ()
+        retry = config.get("retry")
         return cls(settings=settings,
                    measurements=config.get("measurements", "measurements.csv"),
                    prescreen=prescreen, top_k=config.get("top_k"),
-                   retry=[retry] if isinstance(retry, str) else list(retry),
+                   # null and false retry nothing; anything else the constructor checks.
+                   retry=[retry] if isinstance(retry, str) else
+                   () if retry is None or retry is False else retry,
                    prescreen_by_default=by_default)
 
     def _prescreened(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],

@@ -366,6 +366,9 @@ def test_config_file_builds_the_model(tmp_path):
     unranked = build_cost_model("measured", top_k=3, prescreen=False,
                                 measurements=str(tmp_path / "m.csv"))
     assert unranked.prescreen is None and unranked.top_k == 3
+    # false retries nothing, as null and [] do.
+    assert build_cost_model("measured", retry=False,
+                            measurements=str(tmp_path / "m.csv")).retry == ()
 
 
 def test_a_prescreen_taken_by_default_that_cannot_price_the_gpu_says_what_to_do(tmp_path):
@@ -758,6 +761,16 @@ def test_retry_launches_the_recorded_failures_again(tmp_path):
      r"^measured.measurements='cost_models/mine.yaml': is a YAML file, not a measurement "
      r"table: name a CSV or Parquet file of runs \(docs/measurements.md\); cost-model "
      r"constants go to cost_model=, Megatron-LM settings to megatron=$"),
+    # A scalar failed inside the check with "'bool' object is not iterable"; a mapping
+    # passed as its keys.
+    ("retry", True, r"^measured.retry=True: must be a list of the statuses to launch again"),
+    ("retry", 3, r"^measured.retry=3: must be a list of the statuses"),
+    ("retry", {"error": 1}, r"^measured.retry=\{'error': 1\}: must be a list of the statuses"),
+    ("retry", [["error"]], r"^measured.retry=\[\['error'\]\]: must be a list of the statuses"),
+    # 0, [] and {} were taken for no prescreen, as false is.
+    ("prescreen", 0, r"^measured.prescreen=0: must be a name \(e.g. 'analytic'\)"),
+    ("prescreen", [], r"^measured.prescreen=\[\]: must be a name \(e.g. 'analytic'\)"),
+    ("prescreen", {}, r"^measured.prescreen: a cost-model mapping names its class with _target_"),
 ])
 def test_measured_settings_name_their_rule(tmp_path, setting, value, rule):
     settings = {"measurements": str(tmp_path / "m.csv"), setting: value}
