@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -38,7 +39,7 @@ from layoutsearch.drivers import build_driver
 from layoutsearch.drivers.layout_index import LayoutIndex
 from layoutsearch.drivers.optuna import OptunaDriver, open_storage
 from layoutsearch.drivers.optuna.storage import STALE_S, Heartbeat, alive
-from layoutsearch.drivers.optuna.worker import Worker, encode, is_evaluation
+from layoutsearch.drivers.optuna.worker import EvaluationBudget, Worker, encode, is_evaluation
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS
 from layoutsearch.problem import SearchProblem
@@ -638,10 +639,35 @@ def test_bad_storage_urls_and_settings_are_named(tmp_path: Path,
     ("multivariate", "maybe", "must be true or false"),
     ("progress", "yes", "must be true, false or null"),
     ("storage", 5, "must be null or a non-empty string"),
+    # null failed later with "'>' not supported between 'NoneType' and 'int'".
+    ("n_workers", None, "must be a positive integer"),
+    ("warm_start_top_k", None, "must be a positive integer"),
+    # A scalar failed with "'bool' object is not iterable"; a mapping passed as its keys.
+    ("objectives", False, "must be an objective or a list of them (e.g. [mfu]), of mfu, "
+                          "tokens_per_s, step_time_s, peak_memory_gib, num_gpus"),
+    ("objectives", None, "must be an objective or a list of them (e.g. [mfu])"),
+    ("objectives", {"mfu": 1}, "must be an objective or a list of them (e.g. [mfu])"),
 ])
 def test_each_optuna_setting_names_its_rule(setting: str, value: object, rule: str) -> None:
     with pytest.raises(LayoutSearchError, match=re.escape(f"driver.{setting}={value!r}: {rule}")):
         build_driver("optuna", **{setting: value})
+
+
+def test_a_seed_whose_last_worker_passes_2_to_the_32_is_refused(tmp_path: Path) -> None:
+    # Worker 1's sampler refused seed 2**32 as its study opened, named as the storage's fault.
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            "driver.seed=4294967295: worker i of driver.n_workers=2 samples with seed + i, "
+            "which must stay below 2**32; use a seed of at most 4294967294")):
+        build_driver("optuna", seed=2**32 - 1, n_workers=2, storage=str(tmp_path / "s.log"))
+    assert build_driver("optuna", seed=2**32 - 2, n_workers=2, storage=str(tmp_path / "s.log"))
+
+
+@pytest.mark.parametrize("n_trials", [2**31, 2**70])
+def test_workers_share_a_budget_past_a_c_int_as_no_limit(n_trials: int) -> None:
+    # The shared count is a C int: 2**31 wrapped around to -2**31 (2**70 to 0), and the
+    # workers priced nothing.
+    budget = EvaluationBudget(multiprocessing.get_context(), n_trials)
+    assert budget.take() and budget.take()
 
 
 def test_an_objective_named_twice_is_refused() -> None:

@@ -130,6 +130,11 @@ class OptunaDriver:
 
     def __post_init__(self) -> None:
         objectives = [self.objectives] if isinstance(self.objectives, str) else self.objectives
+        # A scalar (false, 1, null) is no list of names, and a mapping would pass as its keys.
+        if isinstance(objectives, Mapping) or not isinstance(objectives, Sequence):
+            raise LayoutSearchError(
+                f"driver.objectives={self.objectives!r}: must be an objective or a list of "
+                f"them (e.g. [mfu]), of {', '.join(DIRECTIONS)}")
         self.objectives = tuple(str(o) for o in objectives)
         if not self.objectives:
             raise LayoutSearchError("driver.objectives: needs at least one objective")
@@ -153,14 +158,21 @@ class OptunaDriver:
                 raise LayoutSearchError(f"driver.{name}={value!r}: must be {rule}")
         for name in ("n_trials", "n_workers", "warm_start_top_k"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
+            # Only n_trials has a meaning for null (no limit).
+            if (value is not None or name != "n_trials") and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise LayoutSearchError(f"driver.{name}={value!r}: must be a positive integer")
         # The seed offsets per worker and numpy's RNG wants 0 .. 2**32 - 1.
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(
                 self.seed, int) or not 0 <= self.seed < 2**32):
             raise LayoutSearchError(
                 f"driver.seed={self.seed!r}: must be null or an integer in 0 .. 2**32 - 1")
+        if self.seed is not None and self.seed + self.n_workers > 2**32:
+            # The last worker's seed would be refused as its study opens, after the others ran.
+            raise LayoutSearchError(
+                f"driver.seed={self.seed}: worker i of driver.n_workers={self.n_workers} samples "
+                f"with seed + i, which must stay below 2**32; use a seed of at most "
+                f"{2**32 - self.n_workers}")
         if isinstance(self.n_startup_trials, bool) or not isinstance(
                 self.n_startup_trials, int) or self.n_startup_trials < 0:
             raise LayoutSearchError(

@@ -49,6 +49,9 @@ UNPRICED: dict[str, Any] = {
 """Cost columns of an evaluation that returned nothing (the cost model raised)."""
 BUDGET_WAIT_S = 0.05
 """How long a worker without a share of the budget waits for one to be handed back (s)."""
+LARGEST_BUDGET = 2**31 - 1
+"""The most evaluations local workers keep count of (a C int): a larger n_trials is as good
+as no limit, as no space has that many layouts to price."""
 
 
 class EvaluationBudget:
@@ -61,7 +64,9 @@ class EvaluationBudget:
     """
 
     def __init__(self, context: Any, remaining: int) -> None:
-        self._left = context.Value("i", max(remaining, 0))
+        # A C int wraps around past its range: n_trials=2**31 left a negative budget, and
+        # the workers priced nothing.
+        self._left = context.Value("i", min(max(remaining, 0), LARGEST_BUDGET))
 
     def take(self) -> bool:
         with self._left.get_lock():
