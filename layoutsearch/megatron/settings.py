@@ -25,6 +25,8 @@ from layoutsearch.space import KNOBS
 LAUNCHERS = ("dry_run", "local", "slurm")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """A POSIX shell variable name: what `export NAME=value` in a launch script accepts."""
+LARGEST_PORT = 65535
+"""The highest TCP port: torchrun's rendezvous on a larger master_port could never bind."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,8 +91,11 @@ class MegatronSettings:
         for name in ("train_iters", "master_port", "warmup_iters"):
             value = getattr(self, name)
             least = 0 if name == "warmup_iters" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                kind = "an integer >= 0" if least == 0 else "a positive integer"
+            most = LARGEST_PORT if name == "master_port" else math.inf
+            if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+                kind = ("an integer >= 0" if least == 0 else
+                        f"a TCP port, 1 .. {LARGEST_PORT}" if name == "master_port" else
+                        "a positive integer")
                 raise LayoutSearchError(f"megatron.{name}={value!r}: must be {kind}")
         if (isinstance(self.lr, bool) or not isinstance(self.lr, int | float)
                 or not 0 < self.lr < math.inf):

@@ -76,9 +76,11 @@ def _check_type(key: str, value: Any) -> None:
     kinds, words = expected
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise LayoutSearchError(f"megatron.slurm.{key}={value!r}: must be {words}")
-    if key in POSITIVE and isinstance(value, int | float) and value <= 0:
-        # submitit passes it on; sbatch refuses the job at submission, after the search.
-        raise LayoutSearchError(f"megatron.slurm.{key}={value!r}: must be {words} above 0")
+    if key in POSITIVE and isinstance(value, int | float) and not 0 < value < math.inf:
+        # submitit passes it on; sbatch refuses the job at submission, after the search. A
+        # NaN or infinite mem_gb has no whole megabytes (_mem): it failed as scripts were written.
+        rule = f"{words} above 0" if value <= 0 else f"a finite {words.removeprefix('a ')}"
+        raise LayoutSearchError(f"megatron.slurm.{key}={value!r}: must be {rule}")
 
 
 SBATCH_SPECIAL = re.compile(r'[\s"\\#]')
@@ -212,8 +214,8 @@ def check_submitit_values(slurm: Mapping[str, Any]) -> None:
     """
     for key, value in slurm.items():
         bare = _bare(str(key))
-        if bare in SUBMITIT_ONLY or bare in SCRIPT_LINES:
-            continue
+        if value is None or bare in SUBMITIT_ONLY or bare in SCRIPT_LINES:
+            continue  # None is unset (a null slurm_additional_parameters has no items)
         values = (value.items() if bare == "additional_parameters"
                   else [(None, value)])
         for inner, option in values:

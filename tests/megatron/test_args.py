@@ -461,6 +461,9 @@ def test_environment_names_are_checked_before_they_reach_a_script():
     ({"megatron_path": None}, r"megatron_path=None: must be a non-empty string"),
     ({"python": 3.11}, r"python=3.11: must be a non-empty string"),
     ({"script": None}, r"script=None: must be a non-empty string"),
+    # No port: torchrun's rendezvous could never bind, on every launch.
+    ({"master_port": 70000}, r"master_port=70000: must be a TCP port, 1 \.\. 65535$"),
+    ({"master_port": 0}, r"master_port=0: must be a TCP port, 1 \.\. 65535$"),
 ])
 def test_megatron_settings_of_the_wrong_type_name_the_setting(values, message):
     with pytest.raises(LayoutSearchError, match=message):

@@ -349,7 +349,10 @@ def test_slurm_settings_cannot_change_the_jobs_shape(slurm, named):
     with pytest.raises(LayoutSearchError, match=rf"{named}: the nodes, tasks and GPUs per node "
                        "follow from the layout"):
         MegatronSettings(slurm=slurm)
-    MegatronSettings(slurm={key: None for key in slurm})  # None is unset, as in submitit
+    # None is unset, as in submitit (a null slurm_additional_parameters failed the Slurm
+    # launcher's check with "'NoneType' object has no attribute 'items'").
+    for launcher in ("local", "slurm"):
+        MegatronSettings(launcher=launcher, slurm={key: None for key in slurm})
 
 
 @pytest.mark.parametrize(("slurm", "message"), [
@@ -362,6 +365,11 @@ def test_slurm_settings_cannot_change_the_jobs_shape(slurm, named):
     ({"timeout_min": -5}, r"megatron.slurm.timeout_min=-5: must be a whole number of minutes "
                           r"above 0"),
     ({"mem_gb": 0}, r"megatron.slurm.mem_gb=0: must be a number of gigabytes above 0"),
+    # No whole megabytes: writing the scripts failed with ValueError or OverflowError.
+    ({"mem_gb": float("nan")}, r"megatron.slurm.mem_gb=nan: must be a finite number of "
+                               r"gigabytes$"),
+    ({"mem_gb": float("inf")}, r"megatron.slurm.mem_gb=inf: must be a finite number of "
+                               r"gigabytes$"),
 ])
 def test_slurm_settings_submitit_would_refuse_are_refused_up_front(slurm, message):
     with pytest.raises(LayoutSearchError, match=message):
