@@ -392,6 +392,9 @@ def not_a_table(path: str | Path) -> str:
 
 def read_table(path: str | Path) -> pd.DataFrame:
     """A measurement file as it is, unvalidated (CSV, or Parquet by its suffix)."""
+    if not isinstance(path, str | Path):
+        raise LayoutSearchError(f"measurement file {path!r}: must be the path of a CSV or "
+                                "Parquet file of runs (docs/measurements.md)")
     path = Path(path)
     if path.is_dir():
         raise LayoutSearchError(f"measurement file {str(path)!r} is a folder; name the CSV or "

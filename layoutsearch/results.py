@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from layoutsearch.costs.base import MEASURED
-from layoutsearch.errors import LayoutSearchError
+from layoutsearch.errors import LayoutSearchError, type_of
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.specs import Job
 
@@ -41,6 +41,9 @@ so that DataFrame.to_parquet can write them, and a ranking read back carries its
 def job_of(ranked: pd.DataFrame, caller: str = "job_of(ranked)") -> Job:
     """The job a ranking is of, from its `attrs` (a `Job`); an error naming `caller` without
     one."""
+    if not isinstance(ranked, pd.DataFrame):
+        raise LayoutSearchError(f"{caller}: {ranked!r:.60} is {type_of(ranked)}, not the "
+                                "DataFrame layoutsearch.search returned")
     record = ranked.attrs.get(JOB)
     if isinstance(record, Job):  # set by hand
         return record

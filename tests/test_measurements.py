@@ -110,6 +110,15 @@ def test_missing_file() -> None:
         read_measurements("/nonexistent.csv")
 
 
+@pytest.mark.parametrize(("path", "shown"), [(None, "None"), (False, "False"),
+                                            (["runs.csv"], r"\['runs.csv'\]")])
+def test_a_path_that_is_no_path_is_named(path: Any, shown: str) -> None:
+    # pathlib's TypeError ("expected str, bytes or os.PathLike object") before.
+    with pytest.raises(LayoutSearchError, match=rf"^measurement file {shown}: must be the path "
+                                                r"of a CSV or Parquet file of runs"):
+        read_measurements(path)
+
+
 def test_a_pipe_is_not_a_measurement_file(tmp_path: Path) -> None:
     pipe = tmp_path / "runs.csv"
     os.mkfifo(pipe)

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from layoutsearch.results import NOTED_FOR, RESULT_COLUMNS, counts_line, notes_key, rank
+import pytest
+
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.results import (
+    NOTED_FOR,
+    RESULT_COLUMNS,
+    counts_line,
+    job_of,
+    notes_key,
+    rank,
+)
 from tests.rankings import scored
 
 
@@ -92,3 +102,13 @@ def test_counts_of_a_selection_say_it_is_one() -> None:
     assert counts_line(ranked.iloc[::-1]) == "3 layouts, 2 priced, 1 fit"  # re-sorted
     assert counts_line(ranked[ranked["tp"] > 1]) == \
         "2 shown of a search of 3 layouts, 1 priced, 0 fit"
+
+
+@pytest.mark.parametrize(("ranked", "shown"), [(None, "None is a NoneType"),
+                                               ("ranked.csv", "'ranked.csv' is a str")])
+def test_the_job_of_something_else_than_a_ranking_is_a_user_error(ranked: object,
+                                                                  shown: str) -> None:
+    # "'NoneType' object has no attribute 'attrs'" before.
+    with pytest.raises(LayoutSearchError, match=rf"^job_of\(ranked\): {shown}, not the "
+                                                r"DataFrame layoutsearch.search returned$"):
+        job_of(ranked)  # type: ignore[arg-type]

@@ -121,7 +121,7 @@ def write_launch_scripts(ranked: pd.DataFrame, job: Job, out_dir: str | Path,
     twice. That script's comment names it, and the next distinct row takes its place. A
     script's file name starts with its row's rank among the feasible rows ("03_…").
     """
-    if top_k <= 0:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
         raise LayoutSearchError(f"top_k={top_k!r}: must be a positive integer")
     resolved = resolve_settings(settings)
     feasible = ranked[ranked["fits"].astype(bool)] if "fits" in ranked.columns else ranked

@@ -180,6 +180,11 @@ class MegatronSettings:
     @classmethod
     def load(cls, name_or_path: str | Path = "megatron") -> MegatronSettings:
         """Settings from a `cost_models/` file by name, or from a YAML path."""
+        if not isinstance(name_or_path, str | Path):
+            raise LayoutSearchError(
+                f"megatron={name_or_path!r}: must be a name of the cost_models/ folder (e.g. "
+                "'megatron'), the path of a YAML file of Megatron-LM settings, or a mapping "
+                "of them")
         path = Path(name_or_path)
         if path.suffix not in (".yaml", ".yml"):
             found = option_files("cost_models").get(str(name_or_path))
@@ -267,8 +272,4 @@ def resolve_settings(spec: str | Path | Mapping[str, Any] | MegatronSettings | N
         return spec
     if isinstance(spec, Mapping):
         return MegatronSettings.from_dict(spec)
-    if not isinstance(spec, str | Path):
-        raise LayoutSearchError(
-            f"megatron={spec!r}: must be a name of the cost_models/ folder (e.g. 'megatron'), "
-            "the path of a YAML file of Megatron-LM settings, or a mapping of them")
-    return MegatronSettings.load(spec)
+    return MegatronSettings.load(spec)  # which refuses anything but a name or a path

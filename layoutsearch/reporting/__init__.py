@@ -34,6 +34,9 @@ def report(result: pd.DataFrame, out_dir: str | Path | None = None, *,
             f"returned, not {type_of(result)}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise LayoutSearchError(f"report(top_k={top_k!r}): must be an integer >= 1")
+    if out_dir is not None and not isinstance(out_dir, str | Path):
+        raise LayoutSearchError(f"report(out_dir={out_dir!r}): must be the path of a folder, "
+                                f"or None for ./{DEFAULT_DIR}")
     require_ranking(result, "report(result)")
     job_of(result, "report(result)")
     folder = Path(out_dir) if out_dir is not None else DEFAULT_DIR

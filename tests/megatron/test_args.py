@@ -470,6 +470,15 @@ def test_megatron_settings_of_the_wrong_type_name_the_setting(values, message):
         MegatronSettings.from_dict(values)
 
 
+@pytest.mark.parametrize("name_or_path", [None, 5, ["megatron"]])
+def test_settings_loaded_from_no_name_or_path_are_refused(name_or_path):
+    # pathlib's TypeError ("expected str, bytes or os.PathLike object") before.
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            f"megatron={name_or_path!r}: must be a name of the cost_models/ folder (e.g. "
+            "'megatron'), the path of a YAML file of Megatron-LM settings, or a mapping")):
+        MegatronSettings.load(name_or_path)
+
+
 def test_megatron_settings_built_in_python_get_the_same_checks(tmp_path):
     with pytest.raises(LayoutSearchError, match=r"megatron.env.NCCL_IB_DISABLE=True: must be "
                                                 r"a string or a number"):

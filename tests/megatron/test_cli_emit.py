@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 import layoutsearch
 from layoutsearch.megatron import parse_argv
@@ -69,6 +71,17 @@ def test_emit_megatron_counts_its_scripts_and_the_layouts_they_share(tmp_path, c
     assert wrote.startswith("wrote 2 Megatron-LM launch scripts to ")
     assert wrote.endswith("; 1 layout ranked among them runs the same command as a better one "
                           "and got no script of its own")
+
+
+@pytest.mark.parametrize("top_k", [True, 1.5, float("nan"), None, "3"])
+def test_launch_scripts_top_k_must_be_a_positive_integer(tmp_path, top_k) -> None:
+    # 1.5 and True wrote scripts, NaN failed on max() of nothing, None and "3" on a comparison.
+    ranked = layoutsearch.search(driver="paper", model="llama_7b", num_gpus=8,
+                                 seq_length=2048, global_batch_size=256)
+    with pytest.raises(layoutsearch.LayoutSearchError,
+                       match=rf"^top_k={re.escape(repr(top_k))}: must be a positive integer$"):
+        write_launch_scripts(ranked, job_of(ranked), tmp_path, top_k=top_k)
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_script_of_a_layout_the_studys_rules_passed_over_says_so(tmp_path) -> None:

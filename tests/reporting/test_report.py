@@ -147,6 +147,15 @@ def test_report_top_k_must_be_a_positive_integer(ranked: pd.DataFrame, top_k, tm
         layoutsearch.report(ranked, tmp_path, top_k=top_k)
 
 
+@pytest.mark.parametrize("out_dir", [5, True, ["report"]])
+def test_report_out_dir_must_be_a_path(ranked: pd.DataFrame, out_dir, tmp_path: Path) -> None:
+    # pathlib's TypeError ("expected str, bytes or os.PathLike object, not int") before.
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            f"report(out_dir={out_dir!r}): must be the path of a folder, or None for "
+            "./layoutsearch-report")):
+        layoutsearch.report(ranked, out_dir)
+
+
 def test_report_into_a_file_is_a_user_error(ranked: pd.DataFrame, tmp_path: Path) -> None:
     taken = tmp_path / "ranked.csv"
     taken.write_text("kept\n")
