@@ -554,6 +554,31 @@ def test_a_wrong_setting_value_is_named_without_a_traceback(
     assert message in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(("overrides", "message"), [
+    # Hydra stopped with status 1: "Cannot merge DictConfig with ListConfig".
+    (("search_spaces.tp={a:1}",), "search_spaces.tp={a:1}: search_spaces.tp holds a list in "
+                                  "search_spaces=paper, not settings of its own; give a list"),
+    (("cluster.gpu=[1]",), "cluster.gpu=[1]: cluster.gpu holds settings of its own in "
+                           "cluster=a100_80gb (name, peak_tflops, memory_gib, "
+                           "memory_bandwidth_gbps), not a list; set them by name"),
+    # A traceback: "'bool' object is not iterable".
+    (("cost_models=measured", "cost_models.launcher=dry_run", "cost_models.retry=true"),
+     "measured.retry=True: must be a list of the statuses to launch again"),
+    # Python's words alone: "driver 'optuna': 'bool' object is not iterable".
+    (("driver=optuna", "driver.objectives=false"),
+     "driver.objectives=False: must be an objective or a list of them (e.g. [mfu])"),
+    # Exit 3, every layout "not fitting" on a tp·pp·cp of 1.8e+19.
+    (("search_spaces.tp=[1,9223372036854775808]",),
+     "search space tp=9223372036854775808: must be a positive integer of at most 2**53"),
+])
+def test_a_setting_of_the_wrong_type_is_named_with_status_2(
+        tmp_path: Path, run_layoutsearch: Command, overrides: tuple[str, ...], message: str,
+) -> None:
+    done = run_layoutsearch(FAST, *overrides, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"layoutsearch: error: {message}" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_a_sweep_with_a_job_that_fits_nowhere_exits_0(
         tmp_path: Path, run_layoutsearch: Command) -> None:
     done = run_layoutsearch("--multirun", "model=llama_65b", "num_gpus=8,128", FAST,

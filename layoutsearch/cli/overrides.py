@@ -185,15 +185,48 @@ def check_setting_key(override: Override, group: str, chosen: Mapping[str, Seque
     raise LayoutSearchError(unknown_name_message(f"{group}={option} setting", name, keys))
 
 
-def _has_key(group: str, option: str, path: Sequence[str],
-             extra: Sequence[Path] = ()) -> bool:
-    """Whether the YAML of `option` spells out the key at `path` below the group."""
+ABSENT = object()
+"""What `_node` returns for a key the YAML does not spell out."""
+
+
+def _node(group: str, option: str, path: Sequence[str], extra: Sequence[Path] = ()) -> Any:
+    """The value the YAML of `option` holds at `path` below the group (ABSENT: none)."""
     node: Any = _option_config(group, option, extra)
     for key in path:
         if not isinstance(node, dict) or key not in node:
-            return False
+            return ABSENT
         node = node[key]
-    return True
+    return node
+
+
+def _has_key(group: str, option: str, path: Sequence[str],
+             extra: Sequence[Path] = ()) -> bool:
+    """Whether the YAML of `option` spells out the key at `path` below the group."""
+    return _node(group, option, path, extra) is not ABSENT
+
+
+def check_value_shape(override: Override, overrides: Sequence[Override],
+                      extra: Sequence[Path] = ()) -> None:
+    """Refuse a mapping for a setting that holds a list (`search_spaces.tp={a: 1}`) or a list
+    for one that holds settings of its own (`cluster.gpu=[1]`): Hydra would stop with status
+    1 and "Cannot merge DictConfig with ListConfig"."""
+    value = override.value() if override.type is OverrideType.CHANGE else None
+    group, *path = override.key_or_group.split(".")
+    if not isinstance(value, dict | list) or group not in GROUP_DIRS or not path:
+        return
+    for option in _chosen_options(group, overrides, extra):
+        node = _node(group, option, path, extra)
+        if isinstance(node, list) and isinstance(value, dict):
+            raise LayoutSearchError(
+                f"{override.input_line}: {override.key_or_group} holds a list in "
+                f"{group}={option}, not settings of its own; give a list, e.g. "
+                f"{override.key_or_group}=[...]")
+        if isinstance(node, dict) and isinstance(value, list):
+            first = next(iter(node), "<name>")
+            raise LayoutSearchError(
+                f"{override.input_line}: {override.key_or_group} holds settings of its own in "
+                f"{group}={option} ({', '.join(map(str, node))}), not a list; set them by "
+                f"name, e.g. {override.key_or_group}.{first}=...")
 
 
 def _left_to_defaults(override: Override, overrides: Sequence[Override],
@@ -394,6 +427,7 @@ def check_group_choices(argv: Sequence[str]) -> None:
     for override in overrides:
         for group, swept in chosen.items():
             check_setting_key(override, group, swept, extra)
+        check_value_shape(override, overrides, extra)
 
 
 OUTPUT_DIRS = ("hydra.run.dir", "hydra.sweep.dir")
