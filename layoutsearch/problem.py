@@ -22,9 +22,10 @@ import pandas as pd
 
 from layoutsearch.costs.base import PREDICTION_COLUMNS, CostModel
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.rules import violations
+from layoutsearch.rules import violation_codes, violations
 from layoutsearch.space import SearchSpace
 from layoutsearch.specs import ClusterSpec, Job
+from layoutsearch.text_columns import coded_text, first_text
 
 
 def require_a_dividing_batch(job: Job, candidates: pd.DataFrame) -> None:
@@ -60,7 +61,8 @@ class SearchProblem:
     job: Job
     space: SearchSpace
     candidates: pd.DataFrame
-    """Every layout of the space with a `rule_reason` column ("" where all rules pass)."""
+    """Every layout of the space with a `rule_reason` column ("" where all rules pass),
+    categorical like the table's other text columns."""
     cost_model: CostModel
     clusters: Mapping[str, ClusterSpec]
     launch_check: Callable[[pd.DataFrame], pd.Series] | None = None
@@ -74,7 +76,7 @@ class SearchProblem:
               ) -> SearchProblem:
         candidates = space.candidates(job)
         require_a_dividing_batch(job, candidates)
-        candidates["rule_reason"] = violations(candidates, clusters)
+        candidates["rule_reason"] = coded_text(*violation_codes(candidates, clusters))
         return cls(job, space, candidates, cost_model, clusters, launch_check)
 
     def feasible_candidates(self) -> pd.DataFrame:
@@ -108,10 +110,7 @@ class SearchProblem:
             )
         out = rows.join(scored, how="left")
         out["fits"] = out["fits"].fillna(False).astype(bool) & (out["rule_reason"] == "")
-        cost_reason = out["cost_reason"].fillna("").astype(str)
-        out["reason"] = np.where(
-            out["rule_reason"] != "", out["rule_reason"], cost_reason
-        )
+        out["reason"] = first_text(out["rule_reason"], out["cost_reason"]).array
         return self.unlaunchable_refused(out.drop(columns=["rule_reason", "cost_reason"]))
 
     def unlaunchable_refused(self, priced: pd.DataFrame) -> pd.DataFrame:

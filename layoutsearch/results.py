@@ -16,6 +16,7 @@ from layoutsearch.costs.base import MEASURED
 from layoutsearch.errors import LayoutSearchError, type_of
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.specs import Job
+from layoutsearch.text_columns import plain_text
 
 RESULT_COLUMNS = (
     *LAYOUT_COLUMNS, "mfu", "step_time_s", "tokens_per_s", "peak_memory_gib", "headroom_gib",
@@ -137,7 +138,7 @@ def rank(scored: pd.DataFrame) -> pd.DataFrame:
     ranked = order[first + rest].reset_index(drop=True)
     for column in ranked.columns:  # categorical while scoring, plain text for the user
         if isinstance(ranked[column].dtype, pd.CategoricalDtype):
-            ranked[column] = ranked[column].astype(str)
+            ranked[column] = plain_text(ranked[column]).array
     return ranked
 
 
