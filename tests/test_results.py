@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from layoutsearch.errors import LayoutSearchError
@@ -112,3 +113,20 @@ def test_the_job_of_something_else_than_a_ranking_is_a_user_error(ranked: object
     with pytest.raises(LayoutSearchError, match=rf"^job_of\(ranked\): {shown}, not the "
                                                 r"DataFrame layoutsearch.search returned$"):
         job_of(ranked)  # type: ignore[arg-type]
+
+
+def test_rank_moves_every_column_with_its_row_and_keeps_the_attrs() -> None:
+    # The job's columns hold one value and are copied, not reordered; the others move.
+    table = scored([
+        {"tp": 1, "mfu": 0.40, "fits": True},
+        {"tp": 2, "mfu": 0.60, "fits": True},
+        {"tp": 4, "mfu": 0.50, "fits": True},
+    ])
+    table["num_gpus"] = 64
+    table["runs"] = pd.array([1, None, 1], dtype="Int64")
+    table.attrs["space_size"] = 3
+    ranked = rank(table)
+    assert ranked["tp"].tolist() == [2, 4, 1]
+    assert ranked["num_gpus"].tolist() == [64, 64, 64]
+    assert ranked["runs"].tolist() == [pd.NA, 1, 1]
+    assert ranked.attrs["space_size"] == 3
