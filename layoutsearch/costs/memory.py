@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from layoutsearch.costs.shapes import Array, Shapes
+from layoutsearch.costs.shapes import Array, Shapes, peak_stage
 
 GIB = 2.0**30
 
@@ -116,13 +116,13 @@ def memory_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     # 1/tp of the vocabulary per rank; a loss over gathered logits (`logits_sharded_by_tp`
     # = 0) keeps all of it.
     vocab_share = np.where(k["logits_sharded_by_tp"] > 0, 1.0 / sh.tp, 1.0)
-    logits = np.zeros_like(P)
-    logits[2] = k["logit_bytes"] * sh.tokens * sh.vocab * vocab_share
-    totals = sum(static.values()) + activations + logits
-    peak_stage = np.argmax(totals, axis=0)
+    last_stage_logits = k["logit_bytes"] * sh.tokens * sh.vocab * vocab_share
+    totals = sum(static.values()) + activations
+    totals[2] += last_stage_logits
+    peak = peak_stage(totals)
     rows = np.arange(P.shape[1])
-    parts = {name: value[peak_stage, rows] for name, value in static.items()}
-    parts["activations"] = activations[peak_stage, rows]
-    parts["logits"] = logits[peak_stage, rows]
-    parts["overhead"] = k["memory_overhead_gib"] * GIB + np.zeros(P.shape[1])
+    parts = {name: value[peak, rows] for name, value in static.items()}
+    parts["activations"] = activations[peak, rows]
+    parts["logits"] = np.where(peak == 2, last_stage_logits, 0.0)
+    parts["overhead"] = np.full(P.shape[1], k["memory_overhead_gib"] * GIB)
     return parts

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from layoutsearch.costs.memory import GIB, activation_bytes_per_layer
+from layoutsearch.costs.shapes import peak_stage
 from tests.costs.builders import score, shapes
 
 GPT3 = dict(model="gpt3_175b", num_gpus=1024, seq_length=2048, global_batch_size=1536)
@@ -258,3 +259,13 @@ def test_llama3_405b_with_context_parallelism_by_hand() -> None:
     T = 8192 / 2
     assert row["memory_activations_gib"] == pytest.approx(120 * 31.75 * T * h / 8 / GIB)
     assert row["memory_logits_gib"] == 0.0  # the second stage peaks, not the last
+
+
+def test_the_peak_stage_is_the_first_largest_as_argmax_says() -> None:
+    # Rows: first largest, a tie of first and middle, middle and last tied, last largest,
+    # NaN in the middle, NaN first, NaN last.
+    per_stage = np.array([[3.0, 2.0, 1.0, 1.0, 5.0, np.nan, 1.0],
+                          [2.0, 2.0, 4.0, 2.0, np.nan, 9.0, 1.0],
+                          [1.0, 1.0, 4.0, 3.0, 6.0, 9.0, np.nan]])
+    assert peak_stage(per_stage).tolist() == [0, 0, 1, 2, 1, 0, 2]
+    assert peak_stage(per_stage).tolist() == np.argmax(per_stage, axis=0).tolist()
