@@ -32,6 +32,7 @@ from layoutsearch.costs.timing import time_breakdown
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.paths import option_files, option_mapping
 from layoutsearch.specs import ClusterSpec
+from layoutsearch.text_columns import text_column
 
 
 class AnalyticCostModel:
@@ -104,7 +105,9 @@ class AnalyticCostModel:
         out: dict[str, Array] = {}
         for field in AnalyticConstants.__dataclass_fields__:
             lookup = np.array([getattr(self.constants[g], field) for g in kinds])
-            out[field] = lookup[codes]
+            # One GPU kind (every search): one number, which numpy broadcasts over the rows
+            # alike; a column of a million copies costs a gather and a read per formula.
+            out[field] = lookup[0] if len(kinds) == 1 else lookup[codes]
         return out
 
     def score(
@@ -137,7 +140,8 @@ class AnalyticCostModel:
         # copy=False: the columns stay the arrays just computed; consolidating ~50 float
         # columns into one block copies them all (~0.2 s of a 1.2M-row table).
         frame = pd.DataFrame(out, index=candidates.index, copy=False)
-        frame["cost_reason"] = _memory_reasons(peak_bytes / GIB, shapes.memory_bytes / GIB, fits)
+        frame["cost_reason"] = _memory_reasons(peak_bytes / GIB, shapes.memory_bytes / GIB, fits,
+                                               frame.index).array
         return frame
 
 
@@ -147,16 +151,17 @@ tenths into one int64 key; an absurd size (a 2**53 vocabulary, an infinite peak)
 slower path."""
 
 
-def _memory_reasons(peak_gib: Array, limit_gib: Array, fits: Array) -> Array:
+def _memory_reasons(peak_gib: Array, limit_gib: Array, fits: Array, index: pd.Index,
+                    ) -> pd.Series:
     """'needs 91.2 GiB > 80.0 GiB per GPU' where a row does not fit, "" elsewhere.
 
     Formatted once per distinct (peak, limit) pair at 0.1 GiB: thousands of strings for a
-    million rows.
+    million rows, gathered into the column by code (text_columns).
     """
-    reasons = np.full(len(peak_gib), "", dtype=object)
-    if fits.all():
-        return reasons
+    codes = np.zeros(len(peak_gib), dtype=np.intp)  # 0: "", the reason of a row that fits
     over = ~fits
+    if not over.any():
+        return text_column(codes, [""], index)
     tenths = np.round(np.stack([peak_gib[over], limit_gib[over]], axis=1) * 10)
     if np.all(tenths[:, 0] < PACKED_PEAK_TENTHS):  # False for a NaN peak too
         # One integer key per pair of tenths of a GiB, factorized by hashing: a 2-D unique
@@ -166,7 +171,8 @@ def _memory_reasons(peak_gib: Array, limit_gib: Array, fits: Array) -> Array:
         distinct = np.stack([keys // 2**24, keys % 2**24], axis=1)
     else:
         distinct, inverse = np.unique(tenths, axis=0, return_inverse=True)
-    texts = np.array([f"needs {peak / 10:.1f} GiB > {limit / 10:.1f} GiB per GPU"
-                      for peak, limit in distinct], dtype=object)
-    reasons[over] = texts[inverse.ravel()]
-    return reasons
+    codes[over] = inverse.ravel() + 1
+    # Python numbers: formatting numpy scalars is twice as slow.
+    texts = [f"needs {peak / 10:.1f} GiB > {limit / 10:.1f} GiB per GPU"
+             for peak, limit in distinct.tolist()]
+    return text_column(codes, ["", *texts], index)

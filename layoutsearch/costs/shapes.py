@@ -11,9 +11,7 @@ these arrays, so each formula is written once and scores every row in one call.
 
 from __future__ import annotations
 
-import functools
-import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,12 +66,6 @@ def peak_stage(per_stage: Array) -> Array:
     first, middle, last = per_stage
     return np.where(np.isnan(first) | ((first >= middle) & (first >= last)), 0,
                     np.where(np.isnan(middle) | (middle >= last), 1, 2))
-
-
-def total(parts: Iterable[Array]) -> Array:
-    """The per-row sum of `parts`, added in order: np.sum(list(parts), axis=0) without the
-    copy of them all into one (parts, rows) block first."""
-    return functools.reduce(operator.add, parts)
 
 
 def gpu_codes(table: pd.DataFrame) -> tuple[Array, list[str]]:

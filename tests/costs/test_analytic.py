@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import layoutsearch
@@ -53,7 +54,7 @@ def test_an_absurd_size_still_reports_the_memory_it_needs(model_fields: dict[str
 
 def test_memory_reasons_name_a_peak_that_is_not_finite() -> None:
     reasons = analytic._memory_reasons(np.array([np.inf, 90.04, np.nan]), np.full(3, 80.0),
-                                       np.array([False, False, False]))
+                                       np.array([False, False, False]), pd.RangeIndex(3))
     assert list(reasons) == ["needs inf GiB > 80.0 GiB per GPU",
                              "needs 90.0 GiB > 80.0 GiB per GPU",
                              "needs nan GiB > 80.0 GiB per GPU"]
