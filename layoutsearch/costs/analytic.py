@@ -27,7 +27,7 @@ from layoutsearch.costs.constants import (
     parse_constants,
 )
 from layoutsearch.costs.memory import GIB, memory_breakdown
-from layoutsearch.costs.shapes import Array, Shapes
+from layoutsearch.costs.shapes import Array, Shapes, total
 from layoutsearch.costs.timing import time_breakdown
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.paths import option_files, option_mapping
@@ -117,8 +117,8 @@ class AnalyticCostModel:
         constants = self._per_row(shapes)
         times = time_breakdown(shapes, constants)
         memory = memory_breakdown(shapes, constants)
-        step = np.sum(list(times.values()), axis=0)
-        peak_bytes = np.sum(list(memory.values()), axis=0)
+        step = total(times.values())
+        peak_bytes = total(memory.values())
         tokens_per_step = shapes.global_batch * shapes.seq
         mfu = shapes.mfu(step)
         fits = peak_bytes <= shapes.memory_bytes

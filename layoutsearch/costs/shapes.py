@@ -11,7 +11,9 @@ these arrays, so each formula is written once and scores every row in one call.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import operator
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,6 +68,17 @@ def peak_stage(per_stage: Array) -> Array:
     first, middle, last = per_stage
     return np.where(np.isnan(first) | ((first >= middle) & (first >= last)), 0,
                     np.where(np.isnan(middle) | (middle >= last), 1, 2))
+
+
+def total(parts: Iterable[Array]) -> Array:
+    """Per row, the sum of `parts` as np.sum(list(parts), axis=0) gives it, without copying
+    them into one (parts, rows) block first (~120 MB and its page faults for a million
+    rows). Over that block numpy adds the parts in order, row by row; a single row is the
+    exception, its parts then being one contiguous run that numpy sums pairwise."""
+    parts = list(parts)
+    if parts[0].size < 2:
+        return np.sum(parts, axis=0)
+    return functools.reduce(operator.add, parts)
 
 
 def gpu_codes(table: pd.DataFrame) -> tuple[Array, list[str]]:

@@ -14,7 +14,7 @@ from layoutsearch.catalog import cluster_names, clusters_by_gpu, load_cluster
 from layoutsearch.costs import analytic, build_cost_model
 from layoutsearch.costs.base import PREDICTION_COLUMNS
 from layoutsearch.costs.constants import AnalyticConstants, load_constants
-from layoutsearch.costs.shapes import Shapes
+from layoutsearch.costs.shapes import Shapes, total
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.fidelity import collapse_twins, fidelity
 from layoutsearch.measurements import read_measurements
@@ -237,3 +237,13 @@ def test_constants_of_a_gpu_kind_that_are_no_mapping_are_named() -> None:
                             global_batch_size=64, cost_model={
                                 "_target_": "layoutsearch.costs.analytic.AnalyticCostModel",
                                 "gpus": {"a100_80gb": 3}})
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 1000])
+@pytest.mark.parametrize("count", [7, 12])  # memory and time components
+def test_a_total_adds_as_np_sum_over_the_stacked_parts(rows: int, count: int) -> None:
+    # Summed in another order the step time differs in its last bits, and a ranking, which
+    # sorts by MFU, may then break a tie the other way.
+    rng = np.random.default_rng(rows * count)
+    parts = [rng.random(rows) * 10.0 ** rng.integers(-9, 9, rows) for _ in range(count)]
+    assert total(parts).tobytes() == np.sum(parts, axis=0).tobytes()
