@@ -140,8 +140,8 @@ class AnalyticCostModel:
         # copy=False: the columns stay the arrays just computed; consolidating ~50 float
         # columns into one block copies them all (~0.2 s of a 1.2M-row table).
         frame = pd.DataFrame(out, index=candidates.index, copy=False)
-        frame["cost_reason"] = _memory_reasons(peak_bytes / GIB, shapes.memory_bytes / GIB, fits,
-                                               frame.index).array
+        frame["cost_reason"] = _memory_reasons(out["peak_memory_gib"], shapes.memory_bytes / GIB,
+                                               fits, frame.index).array
         return frame
 
 

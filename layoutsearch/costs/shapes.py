@@ -197,7 +197,7 @@ class Shapes:
         single = pp == 1
         stage_layers = np.stack([  # pp = 1: one stage, counted as the last (all layers)
             np.where(single, 0, first), np.where(pp > 2, middle, 0), last,
-        ]).astype(np.float64)
+        ], dtype=np.float64)
         micro_batches = global_batch / (mb * dp)
         vp = _floats(table, "vp")
         # Pipeline ranks of the three stages: the first, the second (the middle stage that
@@ -208,16 +208,18 @@ class Shapes:
         # (pp-r-1)·2 + (vp-1)·pp warm-up forwards of model chunks, each 1/vp of the stage's
         # layers, capped at the m·vp chunks of the step; on the first stage that is
         # Korthikanti's pp·(1 + (pp-1)/(pp·vp)) micro-batches (§4.2.3).
-        chunks = np.minimum((pp - rank - 1) * 2 + (vp - 1) * pp + 1, micro_batches * vp)
-        stage_in_flight = np.where(vp > 1, chunks / vp, np.minimum(pp - rank, micro_batches))
+        from_here = pp - rank  # stages from each of the three to the last, itself included
+        chunks = np.minimum((from_here - 1) * 2 + (vp - 1) * pp + 1, micro_batches * vp)
+        stage_in_flight = np.where(vp > 1, chunks / vp, np.minimum(from_here, micro_batches))
         # Where the embedding and the loss count as layers, the first stage's chunk 0 and the
         # last stage's chunk vp-1 are a layer short (pipeline.stage_split): the stage holds
         # chunks·(layers+1)/vp layers less one for each of those chunks in flight.
         trimmed = END_STAGES & counts_embedding_and_loss(layer_counts, pp_counts, vp_counts)
-        short_chunk = np.stack([np.zeros_like(vp), np.zeros_like(vp), vp - 1])
-        short = chunk_forwards(chunks, pp, vp, short_chunk)
-        stage_in_flight += np.where(
-            trimmed, (chunks / vp - short) / np.maximum(stage_layers, 1.0), 0.0)
+        if trimmed.any():
+            short_chunk = np.stack([np.zeros_like(vp), np.zeros_like(vp), vp - 1])
+            short = chunk_forwards(chunks, pp, vp, short_chunk)
+            stage_in_flight += np.where(
+                trimmed, (chunks / vp - short) / np.maximum(stage_layers, 1.0), 0.0)
         # Each end stage holds one vocabulary matrix (input embedding or output layer); a
         # single stage of an untied model holds both. Megatron keeps a copy of a tied
         # embedding on the last stage, so with pp > 1 each end stage holds one either way.
