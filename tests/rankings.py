@@ -26,3 +26,15 @@ def scored(rows: list[dict[str, Any]]) -> pd.DataFrame:
         prices.update({k: v for k, v in row.items() if k not in knobs})
         records.append({**JOB.columns(), **prices, **Layout(**knobs).to_dict(), "extra": "kept"})
     return pd.DataFrame(records)
+
+
+def assert_pareto_marks(ranked: pd.DataFrame) -> None:
+    """`pareto` is True exactly on the rows that fit and that no fitting row beats in MFU
+    and peak memory both (at least as good in each, better in one)."""
+    feasible = ranked[ranked["fits"]]
+    for _, row in feasible.iterrows():
+        dominated = ((feasible["mfu"] >= row["mfu"])
+                     & (feasible["peak_memory_gib"] <= row["peak_memory_gib"])
+                     & ((feasible["mfu"] > row["mfu"])
+                        | (feasible["peak_memory_gib"] < row["peak_memory_gib"]))).any()
+        assert row["pareto"] == (not dominated)

@@ -33,6 +33,7 @@ from layoutsearch.testing import (
     running_trials,
 )
 from tests.presses import PressesCtrlCWhileFinalized
+from tests.rankings import assert_pareto_marks
 
 JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048,
            vocab_size=128000)
@@ -931,13 +932,7 @@ def test_an_optuna_search_answers_with_every_run_the_file_holds_of_its_job(tmp_p
     # With two objectives the front is of the whole answer, the file's runs included.
     front = layoutsearch.search(cost_model=fake_measured_model(tmp_path), **SMALL_JOB,
                                 driver={**optuna, "objectives": ["mfu", "peak_memory_gib"]})
-    feasible = front[front["fits"]]
-    for _, row in feasible.iterrows():
-        dominated = ((feasible["mfu"] >= row["mfu"])
-                     & (feasible["peak_memory_gib"] <= row["peak_memory_gib"])
-                     & ((feasible["mfu"] > row["mfu"])
-                        | (feasible["peak_memory_gib"] < row["peak_memory_gib"]))).any()
-        assert row["pareto"] == (not dominated)
+    assert_pareto_marks(front)
     assert front.loc[front["trial"].isna(), "pareto"].any()
 
 

@@ -46,6 +46,7 @@ from layoutsearch.problem import SearchProblem
 from layoutsearch.space import KNOBS, SearchSpace
 from layoutsearch.specs import ClusterSpec, Job
 from tests.presses import PressesCtrlCWhileFinalized
+from tests.rankings import assert_pareto_marks
 
 if TYPE_CHECKING:  # not imported by the searches KILLABLE runs in a process of their own
     from tests.commands import Command
@@ -380,13 +381,7 @@ def test_two_objectives_mark_the_pareto_front(counting: CountingModel) -> None:
                           progress=False).run(make_problem(counting))
     front = ranked[ranked["pareto"]]
     assert len(front) >= 1 and front["fits"].all()
-    feasible = ranked[ranked["fits"]]
-    for _, row in feasible.iterrows():
-        dominated = ((feasible["mfu"] >= row["mfu"])
-                     & (feasible["peak_memory_gib"] <= row["peak_memory_gib"])
-                     & ((feasible["mfu"] > row["mfu"])
-                        | (feasible["peak_memory_gib"] < row["peak_memory_gib"]))).any()
-        assert row["pareto"] == (not dominated)
+    assert_pareto_marks(ranked)
 
 
 class NoMemoryFigure(CountingModel):
@@ -794,6 +789,18 @@ def _held_by_another_machine(study: optuna.Study, layout: str, beat_age_s: float
     return trial.number
 
 
+def _searched_study(tmp_path: Path, counting: CountingModel) -> tuple[
+        SearchProblem, OptunaDriver, optuna.storages.BaseStorage, optuna.Study]:
+    """A study in a SQLite file after a search of 3 trials, opened again as a resumed
+    search opens it: the problem, the driver, the storage and the study."""
+    url = f"sqlite:///{tmp_path}/study.db"
+    problem = make_problem(counting)
+    driver = OptunaDriver(n_trials=3, storage=url, study_name="s", progress=False)
+    driver.run(problem)
+    storage = open_storage(url)
+    return problem, driver, storage, driver.open_study(problem, storage)
+
+
 def _open_unpriced(study: optuna.Study, problem: SearchProblem, count: int) -> list[str]:
     index = LayoutIndex.of(problem)
     taken = {t.user_attrs.get("layout") for t in study.get_trials(deepcopy=False)}
@@ -820,12 +827,7 @@ def test_a_search_prices_a_layout_whose_worker_died_while_it_ran(
         tmp_path: Path, counting: CountingModel) -> None:
     # The machine dies after this search started: the search meets the stale trial when it
     # samples that layout, fails it and prices the layout itself.
-    url = f"sqlite:///{tmp_path}/study.db"
-    problem = make_problem(counting)
-    driver = OptunaDriver(n_trials=3, storage=url, study_name="s", progress=False)
-    driver.run(problem)
-    storage = open_storage(url)
-    study = driver.open_study(problem, storage)
+    problem, driver, storage, study = _searched_study(tmp_path, counting)
     (layout,) = _open_unpriced(study, problem, 1)
     dead = _held_by_another_machine(study, layout, beat_age_s=STALE_S + 60)
     index = LayoutIndex.of(problem)
@@ -843,12 +845,7 @@ def test_a_layout_whose_trial_was_stopped_is_queued_as_the_nearest_one(
     # and optuna's skip_if_exists took it for that layout queued already: next to a
     # duplicate or a rule's rejection the layout was never queued, and a resumed search
     # of every layout took 77 trials, not 2, to price the one layout stopped midway.
-    url = f"sqlite:///{tmp_path}/study.db"
-    problem = make_problem(counting)
-    driver = OptunaDriver(n_trials=3, storage=url, study_name="s", progress=False)
-    driver.run(problem)
-    storage = open_storage(url)
-    study = driver.open_study(problem, storage)
+    problem, driver, storage, study = _searched_study(tmp_path, counting)
     index = LayoutIndex.of(problem)
     (layout,) = _open_unpriced(study, problem, 1)
     params = index.params_of(index.rows[layout])
