@@ -28,7 +28,7 @@ import pandas as pd
 from layoutsearch.calibration.bounds import DISCRETE, PHYSICAL, Bound
 from layoutsearch.costs.constants import AnalyticConstants
 from layoutsearch.costs.memory import GIB, memory_breakdown
-from layoutsearch.costs.shapes import Array, Shapes
+from layoutsearch.costs.shapes import Array, Shapes, total
 from layoutsearch.specs import ClusterSpec
 
 GRID = 17
@@ -73,7 +73,8 @@ def _slack_gib(shapes: Shapes, start: AnalyticConstants,
         k["memory_overhead_gib"][:] = 0.0
         for name, values in points.items():
             k[name] = np.repeat(values[begin:end], n)
-        peak = np.sum(list(memory_breakdown(tiled, k).values()), axis=0)
+        # Added part by part in the order the analytic model adds its peak (shapes.total).
+        peak = total(memory_breakdown(tiled, k).values())
         out[begin:end] = ((tiled.memory_bytes - peak) / GIB).reshape(end - begin, n)
     return out
 
