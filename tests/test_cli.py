@@ -55,13 +55,13 @@ def in_a_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def shell_words(out: str, header: str) -> list[str]:
-    """The words bash reads from the command the output prints below `header` (its first
-    words): its indented lines, continued with backslashes, run as `printf`'s arguments."""
+    """The words of the command the output prints below `header`: its indented lines, which
+    bash must read as one command line (`bash -n`), their backslash-newlines joined as bash
+    joins them, split as a shell splits words (`&&` stays a word)."""
     block = out.split(header, 1)[1].split("\n\n", 1)[0]
     lines = "\n".join(line for line in block.splitlines() if line.startswith("  "))
-    done = subprocess.run(["bash", "-c", f"printf '%s\\n' \\\n{lines}"],
-                          capture_output=True, text=True, check=True)
-    return done.stdout.splitlines()
+    subprocess.run(["bash", "-n", "-c", lines], check=True)
+    return shlex.split(lines.replace("\\\n", ""))
 
 
 def test_run_writes_the_same_ranking_as_the_python_api(tmp_path: Path) -> None:
@@ -112,11 +112,16 @@ def test_a_one_node_jobs_best_command_is_its_torchrun_line(
     assert done.returncode == 0, done.stderr
     header = "best layout's launch command (one node; emit=megatron writes it as a script):"
     assert header in done.stdout
-    # As pasted into bash: the environment (tp 2 needs CUDA_DEVICE_MAX_CONNECTIONS=1), then
-    # the torchrun line of the script emit=megatron wrote, whose arguments are ranked.csv's.
-    argv = shell_words(done.stdout, header)
+    # As pasted into bash: into the checkout as the script goes, the environment (tp 2 needs
+    # CUDA_DEVICE_MAX_CONNECTIONS=1), then the torchrun line of the script emit=megatron
+    # wrote, whose arguments are ranked.csv's.
+    words = shell_words(done.stdout, header)
+    checkout = str(tmp_path / "Megatron-LM")
+    assert words[:3] == ["cd", checkout, "&&"]
+    argv = words[3:]
     (script,) = (run_dir / "megatron").glob("*.sh")
     lines = script.read_text().strip().splitlines()
+    assert f"cd {checkout} || exit 1" in lines
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in lines
     exports = [shlex.split(line)[1] for line in lines if line.startswith("export ")]
     assert argv[:len(exports)] == exports

@@ -265,7 +265,8 @@ def best_command_environment(ranked: pd.DataFrame) -> list[str]:
 
 def best_command_lines(ranked: pd.DataFrame, width: int = 88) -> list[str]:
     """The best row's Megatron-LM command as the CLI prints it: on one node, the torchrun
-    line of its `emit=megatron` script with the environment the run needs
+    line of its `emit=megatron` script, run in the Megatron-LM checkout, with the
+    environment the run needs
     (CUDA_DEVICE_MAX_CONNECTIONS=1 with tp or cp > 1, Transformer Engine's attention
     switches); where the script is an sbatch one, the `pretrain_gpt.py` arguments, naming
     that environment. Built as `megatron_args` and the scripts are (`ranked.attrs`'s job and
@@ -286,7 +287,10 @@ def best_command_lines(ranked: pd.DataFrame, width: int = 88) -> list[str]:
         header = "best layout's launch command (one node; emit=megatron writes it as a script):"
         launcher = list(map(shlex.quote, torchrun_argv(command, settings)))
         script = len(launcher) - len(command.argv) - 1  # the script, then its arguments
-        segments = [env, launcher[:script], launcher[script:]]
+        # In the checkout, as the script runs it: relative paths in extra_args and env
+        # (`--save ckpt`) name the same files wherever the line is pasted.
+        checkout = ["cd", shlex.quote(str(settings.checkout)), "&&"]
+        segments = [checkout, env, launcher[:script], launcher[script:]]
     wrap = partial(textwrap.wrap, width=width, break_long_words=False, break_on_hyphens=False)
     return [*wrap(header), *_shell_lines(segments, width),
             *(line for need in command.requires for line in wrap(f"needs: {need}")),
