@@ -9,13 +9,17 @@ Ctrl-C is also remembered, so that a loop raises it at its next safe point, and 
 "Exception ignored" traceback of one that a finalizer swallowed is not printed: it is
 not lost.
 
-Inside `deferring_interrupts()` a Ctrl-C waits for the block to end: a measured search
-records a finished run (an hour of training) before the press stops it.
+Inside `deferring_interrupts_once_started()` a Ctrl-C is raised as usual until code in the
+block calls `start_deferring_interrupts()`, and from there on waits for the block to end: a
+launcher calls it once its trial has ended, so that a measured search records the finished
+run (an hour of training) before the press stops it, while a trial still training is
+stopped at once.
 
     with noticing_interrupts():
         while searching: raise_if_interrupted(); ...
-    with deferring_interrupts():
-        file.append(row)   # Ctrl-C pressed here is raised once the row is written
+    with deferring_interrupts_once_started():
+        log = launcher.run(trial)   # stopped by Ctrl-C while it trains; once it ended, held
+        file.append(row_of(log))    # the held Ctrl-C is raised once the row is written
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 _pressed = threading.Event()
 
@@ -68,35 +73,75 @@ def raise_if_interrupted() -> None:
         raise KeyboardInterrupt
 
 
-@contextmanager
-def deferring_interrupts() -> Iterator[None]:
-    """Hold off a Ctrl-C pressed while the block runs, and deliver it, to the handler the
-    block found, once the block has ended (not when it raised: that stops the caller
-    anyway). A second press inside the block is raised at once, so that a block stuck
-    (on a lock another process holds) can still be left. In the main thread only, where
-    Python runs signal handlers; elsewhere, and under a handler installed outside Python
-    (which could not be put back), the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is None:
-        yield
-        return
-    presses = 0
+class Deferral:
+    """One deferring block: whether it holds Ctrl-C yet, the handler it found then, and the
+    presses it holds."""
 
-    def hold_the_first(signum: int, frame: FrameType | None) -> None:
-        nonlocal presses
-        presses += 1
-        if presses > 1:
+    def __init__(self) -> None:
+        self.previous: signal.Handlers | Callable[[int, FrameType | None], Any] | int | None = None
+        self.started = False
+        """Whether a Ctrl-C is held from now on (`start`)."""
+        self.presses = 0
+
+    def start(self) -> None:
+        """Hold a Ctrl-C from here to the block's end. Under a handler installed outside
+        Python, which could not be put back, nothing is held."""
+        previous = signal.getsignal(signal.SIGINT)
+        if self.started or previous is None:
+            return
+        self.previous, self.started = previous, True
+        signal.signal(signal.SIGINT, self._hold_the_first)
+
+    def _hold_the_first(self, signum: int, frame: FrameType | None) -> None:
+        self.presses += 1
+        if self.presses > 1:
             raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, hold_the_first)
+    def stop(self) -> None:
+        """Put back the handler `start` found."""
+        if self.started:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+_deferrals: list[Deferral] = []
+"""The deferring blocks the main thread is in, innermost last."""
+
+
+@contextmanager
+def deferring_interrupts_once_started() -> Iterator[Deferral]:
+    """Let a Ctrl-C stop the block as usual until `start_deferring_interrupts()` is called
+    inside it; from then on, hold it off and deliver it, to the handler found then, once
+    the block has ended (not when it raised: that stops the caller anyway). A second press
+    is raised at once, so that a block stuck (on a lock another process holds) can still be
+    left. In the main thread only, where Python runs signal handlers; elsewhere the block
+    runs as it is."""
+    deferral = Deferral()
+    if threading.current_thread() is not threading.main_thread():
+        yield deferral
+        return
+    _deferrals.append(deferral)
     try:
-        yield
+        yield deferral
     finally:
-        signal.signal(signal.SIGINT, previous)
-    if presses:
+        _deferrals.remove(deferral)
+        deferral.stop()
+    if deferral.presses:
         # Delivered again rather than raised: Python's handler raises KeyboardInterrupt,
         # `noticing_interrupts` also remembers it, and a handler of the user's does its own.
         signal.raise_signal(signal.SIGINT)
+
+
+def start_deferring_interrupts(*, pressed: bool = False) -> None:
+    """From here on, hold a Ctrl-C until the innermost `deferring_interrupts_once_started()`
+    block ends; outside one (or off the main thread) nothing is held. `pressed`: a Ctrl-C
+    raised already, and caught as KeyboardInterrupt, is held too, as if pressed now (outside
+    a block it is raised again)."""
+    if threading.current_thread() is not threading.main_thread():
+        if pressed:
+            raise KeyboardInterrupt  # no handler runs here: a signal would go elsewhere
+        return
+    if _deferrals:
+        _deferrals[-1].start()
+    if pressed:
+        signal.raise_signal(signal.SIGINT)  # to the holding handler, or Python's outside
+

@@ -5,13 +5,17 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
 from layoutsearch.interrupts import (
-    deferring_interrupts,
+    Deferral,
+    deferring_interrupts_once_started,
     noticing_interrupts,
     raise_if_interrupted,
+    start_deferring_interrupts,
 )
 from tests.presses import PressesCtrlCWhileFinalized
 
@@ -51,6 +55,14 @@ def test_outside_the_block_a_swallowed_ctrl_c_stays_lost() -> None:
     finalized = PressesCtrlCWhileFinalized()
     del finalized
     raise_if_interrupted()
+
+
+@contextmanager
+def deferring_interrupts() -> Iterator[Deferral]:
+    """A block that holds Ctrl-C from its first line."""
+    with deferring_interrupts_once_started() as deferral:
+        start_deferring_interrupts()
+        yield deferral
 
 
 def test_a_ctrl_c_pressed_while_deferring_is_raised_once_the_block_has_ended() -> None:
@@ -108,3 +120,59 @@ def test_deferring_off_the_main_thread_runs_the_block_as_it_is() -> None:
     thread.start()
     thread.join()
     assert ran == ["ran"]
+
+
+def test_before_deferring_starts_a_ctrl_c_is_raised_at_once() -> None:
+    # The trial still trains: the press stops it, and the search.
+    reached = []
+    with pytest.raises(KeyboardInterrupt), deferring_interrupts_once_started() as deferral:
+        signal.raise_signal(signal.SIGINT)
+        reached.append("after the press")
+    assert reached == [] and not deferral.started
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_from_the_start_a_ctrl_c_waits_for_the_block_to_end() -> None:
+    reached = []
+    with pytest.raises(KeyboardInterrupt), deferring_interrupts_once_started() as deferral:
+        reached.append("the trial ended")
+        start_deferring_interrupts()
+        signal.raise_signal(signal.SIGINT)  # as its log is read
+        reached.append("the row")
+    assert reached == ["the trial ended", "the row"] and deferral.started
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_ctrl_c_caught_as_the_block_started_deferring_is_held_too() -> None:
+    # Pressed as the trial ended: raised in the launcher's wait, and caught there.
+    reached = []
+    with pytest.raises(KeyboardInterrupt), deferring_interrupts_once_started() as deferral:
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            start_deferring_interrupts(pressed=True)
+        reached.append("the row")
+    assert reached == ["the row"] and deferral.presses == 1
+
+
+def test_outside_a_block_starting_to_defer_holds_nothing() -> None:
+    # A launcher run on its own: no caller records the run, so nothing waits for it.
+    start_deferring_interrupts()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):
+        start_deferring_interrupts(pressed=True)  # the caught Ctrl-C goes on at once
+
+
+def test_a_caught_ctrl_c_off_the_main_thread_goes_on_there() -> None:
+    raised: list[BaseException] = []
+
+    def caught() -> None:
+        try:
+            start_deferring_interrupts(pressed=True)
+        except KeyboardInterrupt as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=caught)
+    thread.start()
+    thread.join()
+    assert [type(error) for error in raised] == [KeyboardInterrupt]

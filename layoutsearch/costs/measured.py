@@ -24,9 +24,10 @@ from layoutsearch.costs.base import MEASURED_FAILURE, CostModel, cost_model_fing
 from layoutsearch.costs.measurement_file import MeasurementFile, measurement_key, plain_value
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.interrupts import (
-    deferring_interrupts,
+    deferring_interrupts_once_started,
     noticing_interrupts,
     raise_if_interrupted,
+    start_deferring_interrupts,
 )
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import (
@@ -401,17 +402,23 @@ class MeasuredCostModel:
             limit_s = trial_time_limit_s(self.settings, predicted_step_s)
             limit = f"{limit_s:.0f} s" if limit_s < 600 else f"{limit_s / 60:.0f} min"
             _tell(f"{trial}: started, time limit {limit} (log {log_path})")
-        try:
-            outcome = self.launcher.run(Trial(name=name, command=command, log_path=log_path,
-                                              step_time_s=predicted_step_s))
-        except KeyboardInterrupt:
-            # The launcher stopped the trial (a local one's processes, a Slurm job).
-            _tell(f"{trial}: stopped by Ctrl-C before it finished; nothing was recorded, so "
-                  "the same command launches it again")
-            raise
-        # A Ctrl-C from here on waits for the run to be in the file: it may have trained
-        # for an hour, and the same command would launch it again.
-        with deferring_interrupts():
+        # A Ctrl-C from the trial's end on (the launcher says when: its log is still to be
+        # read) waits for the run to be in the file: it may have trained for an hour, and
+        # the same command would launch it again.
+        with deferring_interrupts_once_started() as deferral:
+            try:
+                outcome = self.launcher.run(Trial(name=name, command=command,
+                                                  log_path=log_path,
+                                                  step_time_s=predicted_step_s))
+            except KeyboardInterrupt:
+                if deferral.started:  # a second press, as its log was read
+                    _tell(f"{trial}: finished, but a second Ctrl-C stopped the search before "
+                          "it was recorded, so the same command launches it again")
+                else:  # the launcher stopped the trial (a local one's processes, a Slurm job)
+                    _tell(f"{trial}: stopped by Ctrl-C before it finished; nothing was "
+                          "recorded, so the same command launches it again")
+                raise
+            start_deferring_interrupts()  # where the launcher did not say so itself
             if not outcome.ran:
                 _tell(f"{trial}: {outcome.text}")
                 return f"not measured: {outcome.text}"
