@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.interrupts import start_deferring_interrupts
 from layoutsearch.lifetime import STOP_GRACE_S, stop_process_tree, stop_with_parent
 from layoutsearch.megatron.args import MegatronCommand
 from layoutsearch.megatron.scripts import (
@@ -72,7 +73,12 @@ class Launcher(Protocol):
         NVTE_* attention switches Megatron-LM checks against --attention-backend)."""
         ...
 
-    def run(self, trial: Trial) -> TrialLog: ...
+    def run(self, trial: Trial) -> TrialLog:
+        """Run the trial and return its log. A launcher that trains calls
+        `interrupts.start_deferring_interrupts()` once the trial has ended: a Ctrl-C from
+        there on waits until the caller has recorded the run (one during the run stops
+        it). Where it does not, the caller starts deferring as `run` returns."""
+        ...
 
 
 def _missing_checkout(settings: MegatronSettings) -> str | None:
@@ -171,13 +177,20 @@ class LocalLauncher:
             timed_out = False
             try:
                 process.wait(timeout=trial_time_limit_s(self.settings, trial.step_time_s))
+                start_deferring_interrupts()  # ended: its log is read and recorded first
             except subprocess.TimeoutExpired:
                 timed_out = True
+            except KeyboardInterrupt:
+                if process.poll() is None:
+                    raise  # still training: stopped below, and the search with it
+                # It ended as Ctrl-C was pressed (wait() looks every 50 ms at most).
+                start_deferring_interrupts(pressed=True)
             finally:
                 if process.returncode is None:
                     # Timed out, Ctrl-C or an error in the search: the trial, ranks and
                     # all, must not train on, unwatched.
                     stop_process_tree(process, self.stop_grace_s)
+            start_deferring_interrupts()  # stopped at its time limit: a timeout, recorded too
         return TrialLog(text=trial.log_path.read_text(errors="replace"),
                         returncode=process.returncode, timed_out=timed_out)
 
@@ -195,6 +208,16 @@ def _run_node(argv: list[str], env: dict[str, str], cwd: str) -> int:
                   "--rdzv_endpoint", f"{master[0]}:{env.get('MASTER_PORT', '29500')}"]
     full = [*argv[:argv.index("--node_rank")], *rendezvous, *argv[argv.index("--master_port") + 2:]]
     return subprocess.run(full, env={**os.environ, **env}, cwd=cwd, check=False).returncode
+
+
+def _has_ended(job: Any) -> bool:
+    """Whether a submitted job has ended, as submitit sees it (its result files, or Slurm's
+    state). False when that is not learned (a second Ctrl-C while sacct answers, sacct
+    failing): a job thought running is cancelled rather than left holding the nodes."""
+    try:
+        return bool(job.done())
+    except (KeyboardInterrupt, Exception):
+        return False
 
 
 class SlurmLauncher:
@@ -244,13 +267,19 @@ class SlurmLauncher:
         env = {**command.env, "MASTER_PORT": str(self.settings.master_port)}
         job = executor.submit(_run_node, torchrun_argv(command, self.settings), env,
                               str(self.settings.checkout))
+        try:
+            job.wait()  # until its result files are there, or Slurm says it ended
+            start_deferring_interrupts()  # ended: its output is read and recorded first
+        except KeyboardInterrupt:
+            if not _has_ended(job):
+                job.cancel(check=False)  # Ctrl-C: the job must not hold the nodes, unwatched
+                raise
+            # It ended as Ctrl-C was pressed (wait() looks once a second).
+            start_deferring_interrupts(pressed=True)
         timed_out, returncode = False, None
         try:
             results = job.results()
             returncode = max(int(r) for r in results) if results else 1
-        except KeyboardInterrupt:
-            job.cancel(check=False)  # Ctrl-C: the job must not hold the nodes, unwatched
-            raise
         except Exception as error:  # submitit raises on a failed or timed-out job
             timed_out = "TIMEOUT" in str(getattr(job, "state", "")) or "timed out" in str(error)
             returncode = 1

@@ -23,7 +23,7 @@ from layoutsearch.costs.measurement_file import MeasurementFile
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import OPTIONAL_DEFAULTS, read_measurements
 from layoutsearch.megatron import parse_log
-from layoutsearch.megatron.launchers import build_launcher
+from layoutsearch.megatron.launchers import SlurmLauncher, build_launcher
 from layoutsearch.testing import (
     check_cost_model,
     conformance_candidates,
@@ -32,6 +32,7 @@ from layoutsearch.testing import (
     launches,
     running_trials,
 )
+from tests.fake_submitit import FakeJob, JobStillRunning, executor_of
 from tests.presses import PressesCtrlCWhileFinalized
 from tests.rankings import assert_pareto_marks
 
@@ -132,6 +133,10 @@ def test_a_killed_search_resumes_without_remeasuring(tmp_path):
     assert len(set(launches(tmp_path))) == 2
 
 
+INTERRUPTED_LINE = ("measured: interrupted; {file} keeps every finished run, and the same "
+                    "command resumes without launching them again")
+"""What a measured search stopped by Ctrl-C says last."""
+
 INTERRUPTED = """
 import signal
 import sys
@@ -164,14 +169,13 @@ def test_ctrl_c_stops_the_trial_in_flight(tmp_path):
     assert re.fullmatch(r"local: launch 1 of 2: llama_13b_\S+: stopped by Ctrl-C before it "
                         r"finished; nothing "
                         r"was recorded, so the same command launches it again", told[0])
-    assert told[1:] == [
-        f"measured: interrupted; {tmp_path / 'measurements.csv'} keeps every finished run, "
-        "and the same command resumes without launching them again"]
+    assert told[1:] == [INTERRUPTED_LINE.format(file=tmp_path / "measurements.csv")]
 
 
-class PressedAfterTheFirstLaunch:
-    """A launcher whose first trial ends as Ctrl-C is pressed inside a finalizer, which
-    CPython loses (layoutsearch/interrupts.py)."""
+class PressedAsTheFirstTrialTrains:
+    """A launcher whose first trial trains as Ctrl-C is pressed inside a finalizer, which
+    CPython loses (layoutsearch/interrupts.py). Once a trial has ended, a press waits for
+    its row (`deferring_interrupts_once_started`) and is not lost."""
 
     def __init__(self, inner):
         self.inner, self.name, self.pressed = inner, inner.name, False
@@ -182,12 +186,11 @@ class PressedAfterTheFirstLaunch:
         return getattr(self.inner, name)
 
     def run(self, trial):
-        outcome = self.inner.run(trial)
         if not self.pressed:
             self.pressed = True
             finalized = PressesCtrlCWhileFinalized()
             del finalized
-        return outcome
+        return self.inner.run(trial)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -195,7 +198,7 @@ def test_a_ctrl_c_a_finalizer_swallowed_stops_a_measured_search_before_its_next_
         tmp_path):
     # Lost, it let the search launch the next two layouts, each a training run.
     model = fake_measured_model(tmp_path, top_k=3)
-    model.launcher = PressedAfterTheFirstLaunch(model.launcher)
+    model.launcher = PressedAsTheFirstTrialTrains(model.launcher)
     with pytest.raises(KeyboardInterrupt):
         layoutsearch.search(cost_model=model, **SMALL_JOB)
     assert len(launches(tmp_path)) == 1
@@ -223,11 +226,153 @@ def test_a_ctrl_c_pressed_as_a_finished_run_is_recorded_stops_the_search_after_i
     told = without_starts(capsys.readouterr().err.splitlines())
     assert re.fullmatch(r"local: launch 1 of 2: llama_7b_\S+: ok, \d+\.\d\d s per step "
                         r"\(log \S+\)", told[0])
-    assert told[1:] == [
-        f"measured: interrupted; {tmp_path / 'measurements.csv'} keeps every finished run, "
-        "and the same command resumes without launching them again"]
+    assert told[1:] == [INTERRUPTED_LINE.format(file=tmp_path / "measurements.csv")]
     layoutsearch.search(cost_model=fake_measured_model(tmp_path, top_k=2), **SMALL_JOB)
     assert len(launches(tmp_path)) == 2  # the recorded run is not launched again
+
+
+def press_once(monkeypatch, owner, method: str, *, where=lambda *args: True,
+               after: bool = False) -> list[str]:
+    """Ctrl-C pressed once, as `owner.method` runs (before it, or `after` it returned) on
+    arguments `where` accepts; the list it returns holds the method's name once pressed."""
+    pressed: list[str] = []
+    original = getattr(owner, method)
+
+    def pressing(*args, **kwargs):
+        press = not pressed and where(*args)
+        if press and not after:
+            pressed.append(method)
+            signal.raise_signal(signal.SIGINT)
+        result = original(*args, **kwargs)
+        if press and after:
+            pressed.append(method)
+            signal.raise_signal(signal.SIGINT)
+        return result
+
+    monkeypatch.setattr(owner, method, pressing)
+    return pressed
+
+
+OPTUNA = {"name": "optuna", "n_trials": 2, "seed": 0, "progress": False}
+
+
+@pytest.mark.parametrize("driver", ["grid", OPTUNA], ids=["grid", "optuna"])
+def test_a_ctrl_c_pressed_as_a_finished_trials_log_is_read_stops_the_search_after_its_row(
+        tmp_path, monkeypatch, capsys, driver):
+    # Raised as the local launcher read the log of a trial that had ended, it lost the run:
+    # "stopped by Ctrl-C before it finished", no row, and the same command launched it
+    # again.
+    pressed = press_once(monkeypatch, Path, "read_text", where=lambda path: path.suffix == ".log")
+    model = fake_measured_model(tmp_path, top_k=2, inject="1=oom")
+    with pytest.raises(KeyboardInterrupt):
+        layoutsearch.search(cost_model=model, driver=driver, **SMALL_JOB)
+    assert pressed == ["read_text"]
+    assert len(launches(tmp_path)) == 1
+    assert list(read_measurements(tmp_path / "measurements.csv")["status"]) == ["oom"]
+    told = without_starts(capsys.readouterr().err.splitlines())
+    assert re.fullmatch(r"local: (launch 1 of 2: )?llama_7b_\S+: oom \(log \S+\.log\)",
+                        told[0]), told
+    assert told[1:] == [INTERRUPTED_LINE.format(file=tmp_path / "measurements.csv")]
+    layoutsearch.search(cost_model=fake_measured_model(tmp_path, top_k=2), driver=driver,
+                        **SMALL_JOB)
+    assert launches(tmp_path).count(launches(tmp_path)[0]) == 1  # not launched again
+
+
+def test_a_ctrl_c_pressed_as_the_local_trial_ends_stops_the_search_after_its_row(
+        tmp_path, monkeypatch, capsys):
+    # Pressed once the trial's torchrun had exited, but before the launcher's wait() saw
+    # it (it looks every 50 ms): raised there, the finished run was lost.
+    pressed = press_once(monkeypatch, subprocess.Popen, "wait", after=True)
+    model = fake_measured_model(tmp_path, top_k=2)
+    with pytest.raises(KeyboardInterrupt):
+        layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert pressed == ["wait"]
+    assert len(launches(tmp_path)) == 1
+    assert list(read_measurements(tmp_path / "measurements.csv")["status"]) == ["ok"]
+    told = without_starts(capsys.readouterr().err.splitlines())
+    assert re.fullmatch(r"local: launch 1 of 2: llama_7b_\S+: ok, \d+\.\d\d s per step "
+                        r"\(log \S+\)", told[0]), told
+    assert told[1:] == [INTERRUPTED_LINE.format(file=tmp_path / "measurements.csv")]
+
+
+def slurm_measured_model(tmp_path, job_type: type[FakeJob]) -> tuple[MeasuredCostModel, type]:
+    """A measured model on the Slurm launcher, its jobs `job_type`s; and its executor."""
+    settings = fake_megatron_settings(tmp_path).replace(launcher="slurm")
+    executor = executor_of(job_type)
+    return MeasuredCostModel(settings=settings, measurements=tmp_path / "measurements.csv",
+                             launcher=SlurmLauncher(settings, executor_factory=executor),
+                             prescreen=build_cost_model("analytic"), top_k=2), executor
+
+
+class EndsAsCtrlCIsPressed(FakeJob):
+    """A job that ended as Ctrl-C was pressed, before submitit's wait(), which looks once a
+    second, saw it: the press is raised by the first call that waits for the job (results()
+    waits too)."""
+
+    pressed = False
+
+    def wait(self):
+        if not self.pressed:
+            self.pressed = True
+            raise KeyboardInterrupt
+
+    def results(self):
+        self.wait()
+        return super().results()
+
+
+@pytest.mark.parametrize("job_type, pressed_in", [
+    (FakeJob, "stdout"), (EndsAsCtrlCIsPressed, "wait")])
+def test_a_ctrl_c_pressed_as_a_slurm_job_ends_stops_the_search_after_its_row(
+        tmp_path, monkeypatch, capsys, job_type, pressed_in):
+    # Raised as the job's output was read, or as it ended, it lost the finished run.
+    if pressed_in == "stdout":
+        press_once(monkeypatch, job_type, "stdout")
+    model, executor = slurm_measured_model(tmp_path, job_type)
+    with pytest.raises(KeyboardInterrupt):
+        layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert [job.cancelled for job in executor.jobs] == [False]
+    rows = read_measurements(tmp_path / "measurements.csv")
+    assert list(rows["status"]) == ["ok"] and list(rows["step_time_s"]) == [1.5]
+    told = without_starts(capsys.readouterr().err.splitlines())
+    assert re.fullmatch(r"slurm: launch 1 of 2: llama_7b_\S+: ok, 1\.50 s per step "
+                        r"\(log \S+\)", told[0]), told
+    assert told[1:] == [INTERRUPTED_LINE.format(file=tmp_path / "measurements.csv")]
+
+
+def test_a_ctrl_c_while_a_slurm_job_runs_cancels_it_and_records_nothing(tmp_path, capsys):
+    model, executor = slurm_measured_model(tmp_path, JobStillRunning)
+    with pytest.raises(KeyboardInterrupt):
+        layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert [job.cancelled for job in executor.jobs] == [True]
+    assert not (tmp_path / "measurements.csv").exists()
+    told = without_starts(capsys.readouterr().err.splitlines())
+    assert re.fullmatch(r"slurm: launch 1 of 2: llama_7b_\S+: stopped by Ctrl-C before it "
+                        r"finished; nothing was recorded, so the same command launches it "
+                        r"again", told[0]), told
+    assert told[1:] == [INTERRUPTED_LINE.format(file=tmp_path / "measurements.csv")]
+
+
+def test_a_second_ctrl_c_as_a_finished_trials_log_is_read_stops_the_search_at_once(
+        tmp_path, monkeypatch, capsys):
+    # The first press waits for the row; a second one is for a user who will not wait.
+    read_text = Path.read_text
+
+    def pressed_twice(path, *args, **kwargs):
+        if path.suffix == ".log":
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", pressed_twice)
+    model = fake_measured_model(tmp_path, top_k=2)
+    with pytest.raises(KeyboardInterrupt):
+        layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert not (tmp_path / "measurements.csv").exists()
+    told = without_starts(capsys.readouterr().err.splitlines())
+    assert re.fullmatch(r"local: launch 1 of 2: llama_7b_\S+: finished, but a second Ctrl-C "
+                        r"stopped the search before it was recorded, so the same command "
+                        r"launches it again", told[0]), told
 
 
 def test_measured_model_conforms_and_never_launches_what_megatron_cannot_run(tmp_path):

@@ -8,7 +8,6 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 from megatron_study import study_job, study_layout
@@ -31,6 +30,7 @@ from layoutsearch.megatron import (
 )
 from layoutsearch.results import job_of
 from layoutsearch.testing import fake_megatron_settings
+from tests.fake_submitit import FakeExecutor, JobStillRunning, executor_of
 
 HOSTILE = MegatronSettings(megatron_path="/opt/my megatron", extra_args=("--tensorboard-dir",
                            "/tmp/$(rm -rf ~)"), env={"NCCL_SOCKET_IFNAME": "eth0; reboot"})
@@ -475,35 +475,6 @@ def test_local_launcher_finds_a_checkout_given_relative_to_the_working_folder(
     assert parse_log(run.text, returncode=run.returncode).status == "ok", run.text
 
 
-class FakeJob:
-    def __init__(self, codes):
-        self.codes = codes
-
-    def results(self):
-        return self.codes
-
-    def stdout(self):
-        return " iteration        4/       6 | consumed samples: 4 | elapsed time per " \
-            "iteration (ms): 1500.0 | throughput per GPU (TFLOP/s/GPU): 150.0 |"
-
-    def stderr(self):
-        return ""
-
-
-class FakeExecutor:
-    submitted: ClassVar[list] = []
-
-    def __init__(self, folder):
-        self.folder = folder
-
-    def update_parameters(self, **parameters):
-        self.parameters = parameters
-
-    def submit(self, function, *args):
-        FakeExecutor.submitted.append((self.parameters, function, args))
-        return FakeJob([0] * self.parameters["nodes"])
-
-
 def test_slurm_launcher_submits_one_task_per_node(tmp_path, monkeypatch):
     settings = MegatronSettings(launcher="slurm", slurm={"slurm_partition": "gpu"})
     command = build_command(study_layout(128, 2, 4), study_job("llama_65b", 2048, 128), settings)
@@ -534,29 +505,14 @@ def test_slurm_launcher_submits_one_task_per_node(tmp_path, monkeypatch):
         str(settings.script_path), *command.argv]
 
 
-class InterruptedJob(FakeJob):
-    cancelled = False
-
-    def results(self):
-        raise KeyboardInterrupt
-
-    def cancel(self, check=True):
-        self.cancelled = True
-
-
 def test_ctrl_c_while_waiting_cancels_the_slurm_job(tmp_path):
-    job = InterruptedJob([])
-
-    class Executor(FakeExecutor):
-        def submit(self, function, *args):
-            return job
-
+    executor = executor_of(JobStillRunning)
     settings = MegatronSettings(launcher="slurm")
     command = build_command(study_layout(128, 2, 4), study_job("llama_65b", 2048, 128), settings)
-    launcher = SlurmLauncher(settings, executor_factory=Executor)
+    launcher = SlurmLauncher(settings, executor_factory=executor)
     with pytest.raises(KeyboardInterrupt):
         launcher.run(Trial(name="t", command=command, log_path=tmp_path / "t.log"))
-    assert job.cancelled
+    assert [job.cancelled for job in executor.jobs] == [True]
 
 
 @pytest.mark.parametrize(("slurm", "named"), [
