@@ -180,6 +180,7 @@ class LocalLauncher:
                 start_deferring_interrupts()  # ended: its log is read and recorded first
             except subprocess.TimeoutExpired:
                 timed_out = True
+                self._stop_timed_out(process)
             except KeyboardInterrupt:
                 if process.poll() is None:
                     raise  # still training: stopped below, and the search with it
@@ -187,12 +188,21 @@ class LocalLauncher:
                 start_deferring_interrupts(pressed=True)
             finally:
                 if process.returncode is None:
-                    # Timed out, Ctrl-C or an error in the search: the trial, ranks and
-                    # all, must not train on, unwatched.
+                    # Ctrl-C or an error in the search: the trial, ranks and all, must not
+                    # train on, unwatched.
                     stop_process_tree(process, self.stop_grace_s)
-            start_deferring_interrupts()  # stopped at its time limit: a timeout, recorded too
         return TrialLog(text=trial.log_path.read_text(errors="replace"),
                         returncode=process.returncode, timed_out=timed_out)
+
+    def _stop_timed_out(self, process: subprocess.Popen[bytes]) -> None:
+        """Stop a trial at its time limit. Its timeout is a result, which the caller records
+        before a Ctrl-C stops the search; a press while the trial stops (its ranks have
+        `stop_grace_s` to end) kills it at once, as it would a trial still training."""
+        try:
+            stop_process_tree(process, self.stop_grace_s)
+        except KeyboardInterrupt:
+            start_deferring_interrupts(pressed=True)
+        start_deferring_interrupts()
 
 
 def _run_node(argv: list[str], env: dict[str, str], cwd: str) -> int:

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 import layoutsearch
+from layoutsearch import lifetime
 from layoutsearch.costs import build_cost_model
 from layoutsearch.costs.measured import MeasuredCostModel
 from layoutsearch.costs.measurement_file import MeasurementFile
@@ -292,6 +293,25 @@ def test_a_ctrl_c_pressed_as_the_local_trial_ends_stops_the_search_after_its_row
     told = without_starts(capsys.readouterr().err.splitlines())
     assert re.fullmatch(r"local: launch 1 of 2: llama_7b_\S+: ok, \d+\.\d\d s per step "
                         r"\(log \S+\)", told[0]), told
+    assert told[1:] == [INTERRUPTED_LINE.format(file=tmp_path / "measurements.csv")]
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds trials in /proc")
+def test_a_ctrl_c_as_a_timed_out_trial_stops_kills_it_and_records_its_timeout(
+        tmp_path, monkeypatch, capsys):
+    # Pressed while a trial past its time limit was given 30 s to stop, it lost the
+    # timeout, and the same command waited out the whole time limit again.
+    pressed = press_once(monkeypatch, lifetime, "_signal_group")
+    model = fake_measured_model(tmp_path, top_k=2, inject="1=hang", timeout_s=2)
+    with pytest.raises(KeyboardInterrupt):
+        layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert pressed == ["_signal_group"]  # as its torchrun was sent SIGTERM
+    assert wait_until_no_trial_runs(tmp_path) == []
+    assert len(launches(tmp_path)) == 1
+    assert list(read_measurements(tmp_path / "measurements.csv")["status"]) == ["timeout"]
+    told = without_starts(capsys.readouterr().err.splitlines())
+    assert re.fullmatch(r"local: launch 1 of 2: llama_7b_\S+: timeout \(log \S+\)",
+                        told[0]), told
     assert told[1:] == [INTERRUPTED_LINE.format(file=tmp_path / "measurements.csv")]
 
 
