@@ -12,9 +12,6 @@ RUNNING trial: it is failed, so its layout is open again, by the next search on 
 from __future__ import annotations
 
 import datetime
-import os
-import socket
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +22,9 @@ from optuna.storages import BaseStorage, InMemoryStorage, JournalStorage, RDBSto
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from layoutsearch import liveness
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.liveness import HEARTBEAT_S, HOST, STALE_S, pid_alive
 
 JOURNAL_SUFFIXES = (".log", ".journal")
 JOURNAL_SCHEME = "journal://"
@@ -33,13 +32,6 @@ SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 """How a path that names an SQLite file ends: given bare, it is told its URL."""
 UNCLAIMED_S = 30.0
 """A running trial without a worker after this long was orphaned before it was claimed."""
-HEARTBEAT_S = 30.0
-"""How often a worker stamps its trial in flight with the time (seconds): an evaluation with
-a measured cost model is a training launch that may run for an hour."""
-STALE_S = 600.0
-"""A trial of another host whose last stamp is older than this lost its worker (seconds):
-twenty missed stamps, so a database stalled for minutes or clocks a few minutes apart
-(the stamp is the worker's wall clock, read by another machine) fail no live trial."""
 
 
 def open_storage(url: str | None) -> BaseStorage:
@@ -110,21 +102,15 @@ def alive(trial: FrozenTrial, now: float | None = None) -> bool:
     STALE_S. A trial stamped by no heartbeat (a layoutsearch without them) counts as alive.
     """
     host, _, pid = str(trial.user_attrs.get("worker", "")).rpartition(":")
-    if host != socket.gethostname():
+    if host != HOST:
         beat = trial.user_attrs.get("heartbeat")
         if not isinstance(beat, int | float):
             return True
         return (time.time() if now is None else now) - beat < STALE_S
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError):
-        return True
-    return True
+    return not pid.isdigit() or pid_alive(int(pid))
 
 
-class Heartbeat:
+class Heartbeat(liveness.Heartbeat):
     """Stamps a trial with the time now and every HEARTBEAT_S while its evaluation runs.
 
         with Heartbeat(trial):
@@ -132,25 +118,7 @@ class Heartbeat:
     """
 
     def __init__(self, trial: Trial, interval_s: float = HEARTBEAT_S) -> None:
-        self.trial, self.interval_s = trial, interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
-
-    def __enter__(self) -> Heartbeat:
-        self.trial.set_user_attr("heartbeat", time.time())
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.trial.set_user_attr("heartbeat", time.time())
-            except Exception:  # a stamp lost to a busy database is made good by the next
-                continue
+        super().__init__(lambda: trial.set_user_attr("heartbeat", time.time()), interval_s)
 
 
 def release(storage: BaseStorage) -> None:

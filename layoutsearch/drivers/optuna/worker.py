@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import socket
 import time
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
@@ -34,6 +33,7 @@ from layoutsearch.errors import LayoutSearchError
 from layoutsearch.interrupts import noticing_interrupts, raise_if_interrupted
 from layoutsearch.layout import Layout
 from layoutsearch.lifetime import end_with_parent
+from layoutsearch.liveness import HOST
 from layoutsearch.problem import SearchProblem
 from layoutsearch.progress import Progress
 from layoutsearch.space import INTEGER_KNOBS
@@ -143,7 +143,7 @@ class Worker:
         reused, not counted. Fixed when the search starts, so that a retry that fails
         again in this search stands."""
         self.evaluations = 0
-        self.worker = f"{socket.gethostname()}:{os.getpid()}"
+        self.worker = f"{HOST}:{os.getpid()}"
         self.worst = tuple(0.0 if d == "maximize" else math.inf for d in driver.directions)
         self.rng = np.random.default_rng(None if driver.seed is None else driver.seed + number)
         label = "optuna" if driver.n_workers == 1 else f"optuna worker {number}"
