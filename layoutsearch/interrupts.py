@@ -13,13 +13,16 @@ Inside `deferring_interrupts_once_started()` a Ctrl-C is raised as usual until c
 block calls `start_deferring_interrupts()`, and from there on waits for the block to end: a
 launcher calls it once its trial has ended, so that a measured search records the finished
 run (an hour of training) before the press stops it, while a trial still training is
-stopped at once.
+stopped at once. `deferring_interrupts()` holds it from the block's start (a claim on a
+layout made whole under a file lock).
 
     with noticing_interrupts():
         while searching: raise_if_interrupted(); ...
     with deferring_interrupts_once_started():
         log = launcher.run(trial)   # stopped by Ctrl-C while it trains; once it ended, held
         file.append(row_of(log))    # the held Ctrl-C is raised once the row is written
+    with deferring_interrupts():
+        make_claim()                # a Ctrl-C here is raised once the claim is made
 """
 
 from __future__ import annotations
@@ -145,3 +148,11 @@ def start_deferring_interrupts(*, pressed: bool = False) -> None:
     if pressed:
         signal.raise_signal(signal.SIGINT)  # to the holding handler, or Python's outside
 
+
+@contextmanager
+def deferring_interrupts() -> Iterator[None]:
+    """Hold off a Ctrl-C for the whole block: `deferring_interrupts_once_started()`,
+    started at once."""
+    with deferring_interrupts_once_started():
+        start_deferring_interrupts()
+        yield

@@ -2,8 +2,10 @@
 
 Every finished trial is appended at once to a measurement file in the project's schema
 (docs/measurements.md), so a search that is killed resumes where it stopped: a layout already
-in the file is never launched again. With a `prescreen` model (the analytic one) only its
-`top_k` best candidates are launched; the others say why they were not measured.
+in the file is never launched again, and searches sharing the file claim each layout before
+they launch it (claims.py), so that none is launched twice. With a `prescreen` model (the
+analytic one) only its `top_k` best candidates are launched; the others say why they were
+not measured.
 
     model = build_cost_model("measured", prescreen="analytic", top_k=8)
     scored = model.score(candidates, clusters)   # launches, parses logs, appends rows
@@ -11,6 +13,7 @@ in the file is never launched again. With a `prescreen` model (the analytic one)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from collections.abc import Collection, Mapping
@@ -21,7 +24,13 @@ import numpy as np
 import pandas as pd
 
 from layoutsearch.costs.base import MEASURED_FAILURE, CostModel, cost_model_fingerprint
-from layoutsearch.costs.measurement_file import MeasurementFile, measurement_key, plain_value
+from layoutsearch.costs.claims import claimed
+from layoutsearch.costs.measurement_file import (
+    MeasurementFile,
+    by_key,
+    measurement_key,
+    plain_value,
+)
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.interrupts import (
     deferring_interrupts_once_started,
@@ -96,6 +105,16 @@ def _result_row(row: Mapping[str, Any], result: LogResult, clusters: Mapping[str
 
 DEFAULT_PRESCREEN = "analytic"
 """The prescreen of a config that sets top_k and names none (from_config)."""
+
+
+def _outcome_line(trial: str, measured: Mapping[str, Any], by: str = "") -> str:
+    """A trial's line once its row is in the file: its status, its step time when it ran,
+    who measured it when another search did (`by`), and its log when the row names one."""
+    status = measured["status"]
+    figure = f", {float(measured['step_time_s']):.2f} s per step" if status == "ok" else ""
+    log = measured.get("log_path")
+    where = f" (log {log})" if isinstance(log, str) and log else ""
+    return f"{trial}: {status}{figure}{f', {by}' if by else ''}{where}"
 
 
 def _tell(line: str) -> None:
@@ -366,10 +385,13 @@ class MeasuredCostModel:
         return pd.Series(held, index=candidates.index)
 
     def _measure(self, row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec],
-                 predicted_step_s: float | None, position: str) -> dict[str, Any] | str:
-        """A new measurement row, or why the layout could not be launched. The prescreen's
-        predicted step time (s), when there is one, sizes the trial's time limit;
-        `position` ("launch 3 of 8: ", or "") goes before the trial's name in its lines."""
+                 predicted_step_s: float | None, position: str,
+                 rows_read: int) -> dict[str, Any] | str:
+        """A new measurement row (or the row another search sharing the file recorded
+        meanwhile: costs/claims.py), or why the layout could not be launched. The
+        prescreen's predicted step time (s), when there is one, sizes the trial's time
+        limit; `position` ("launch 3 of 8: ", or "") goes before the trial's name in its
+        lines; `rows_read` is how many rows the file had when this search read it."""
         command = command_of_row(row, clusters, self.settings)
         name = _trial_name(row)
         unwritable = unwritable_file(self.file.path)
@@ -397,47 +419,53 @@ class MeasuredCostModel:
         # `~` expanded as the check above expands it: a path is taken literally by open().
         log_path = Path(log_dir).expanduser() / f"{name}.log"
         trial = f"{self.launcher.name}: {position}{name}"
-        if self.launcher.trains:
-            # A trial trains for minutes to hours before its result line: say it runs.
-            limit_s = trial_time_limit_s(self.settings, predicted_step_s)
-            limit = f"{limit_s:.0f} s" if limit_s < 600 else f"{limit_s / 60:.0f} min"
-            _tell(f"{trial}: started, time limit {limit} (log {log_path})")
-        # A Ctrl-C from the trial's end on (the launcher says when: its log is still to be
-        # read) waits for the run to be in the file: it may have trained for an hour, and
-        # the same command would launch it again.
-        with deferring_interrupts_once_started() as deferral:
-            try:
-                outcome = self.launcher.run(Trial(name=name, command=command,
-                                                  log_path=log_path,
-                                                  step_time_s=predicted_step_s))
-            except KeyboardInterrupt:
-                if deferral.started:  # a second press, as its log was read
-                    _tell(f"{trial}: finished, but a second Ctrl-C stopped the search before "
-                          "it was recorded, so the same command launches it again")
-                else:  # the launcher stopped the trial (a local one's processes, a Slurm job)
-                    _tell(f"{trial}: stopped by Ctrl-C before it finished; nothing was "
-                          "recorded, so the same command launches it again")
-                raise
-            start_deferring_interrupts()  # where the launcher did not say so itself
-            if not outcome.ran:
-                _tell(f"{trial}: {outcome.text}")
-                return f"not measured: {outcome.text}"
-            self.launched += 1
-            result = parse_log(outcome.text, warmup_iters=self.settings.warmup_iters,
-                               returncode=outcome.returncode, timed_out=outcome.timed_out)
-            if result.setup_problem:
-                raise LayoutSearchError(
-                    f"cost_models=measured stopped: {name} failed before training, as every "
-                    f"layout would: {result.message} (log {log_path}). Check python, torchrun, "
-                    f"megatron_path and extra_args (cost_models/megatron.yaml); nothing was "
-                    f"recorded for it, the measurements already in {self.file.path} are kept, "
-                    "and the same command resumes from them")
-            measured = _result_row(row, result, clusters, self.launcher.name, log_path)
-            self.file.append(measured)
-            figure = (f", {result.step_time_s:.2f} s per step" if result.status == "ok"
-                      else "")
-            _tell(f"{trial}: {result.status}{figure} (log {log_path})")
-            return measured
+        # A dry run trains nothing: only a launch is claimed, and waited for.
+        claim = (claimed(self.file, row, trial, since=rows_read, retry=self.retry)
+                 if self.launcher.trains else contextlib.nullcontext(None))
+        with claim as recorded:
+            if recorded is not None:
+                _tell(_outcome_line(trial, recorded, "measured by another search, read from "
+                                    f"{self.file.path}"))
+                return recorded
+            if self.launcher.trains:
+                # A trial trains for minutes to hours before its result line: say it runs.
+                limit_s = trial_time_limit_s(self.settings, predicted_step_s)
+                limit = f"{limit_s:.0f} s" if limit_s < 600 else f"{limit_s / 60:.0f} min"
+                _tell(f"{trial}: started, time limit {limit} (log {log_path})")
+            # A Ctrl-C from the trial's end on (the launcher says when: its log is still to
+            # be read) waits for the run to be in the file: it may have trained for an hour,
+            # and the same command would launch it again.
+            with deferring_interrupts_once_started() as deferral:
+                try:
+                    outcome = self.launcher.run(Trial(name=name, command=command,
+                                                      log_path=log_path,
+                                                      step_time_s=predicted_step_s))
+                except KeyboardInterrupt:
+                    if deferral.started:  # a second press, as its log was read
+                        _tell(f"{trial}: finished, but a second Ctrl-C stopped the search "
+                              "before it was recorded, so the same command launches it again")
+                    else:  # the launcher stopped the trial (a local one's processes, a job)
+                        _tell(f"{trial}: stopped by Ctrl-C before it finished; nothing was "
+                              "recorded, so the same command launches it again")
+                    raise
+                start_deferring_interrupts()  # where the launcher did not say so itself
+                if not outcome.ran:
+                    _tell(f"{trial}: {outcome.text}")
+                    return f"not measured: {outcome.text}"
+                self.launched += 1
+                result = parse_log(outcome.text, warmup_iters=self.settings.warmup_iters,
+                                   returncode=outcome.returncode, timed_out=outcome.timed_out)
+                if result.setup_problem:
+                    raise LayoutSearchError(
+                        f"cost_models=measured stopped: {name} failed before training, as "
+                        f"every layout would: {result.message} (log {log_path}). Check python, "
+                        f"torchrun, megatron_path and extra_args (cost_models/megatron.yaml); "
+                        f"nothing was recorded for it, the measurements already in "
+                        f"{self.file.path} are kept, and the same command resumes from them")
+                measured = _result_row(row, result, clusters, self.launcher.name, log_path)
+                self.file.append(measured)
+                _tell(_outcome_line(trial, measured))
+                return measured
 
     def reprices(self, costs: Mapping[str, Any]) -> bool:
         """Whether a layout priced in an earlier search is asked again (its file row read, or
@@ -461,12 +489,13 @@ class MeasuredCostModel:
     def _price_row(self, i: Any, row: Mapping[str, Any],
                    known: dict[tuple[Any, ...], dict[str, Any]],
                    clusters: Mapping[str, ClusterSpec], predicted: float | None,
-                   out: pd.DataFrame, reasons: pd.Series, position: str) -> None:
+                   out: pd.DataFrame, reasons: pd.Series, position: str,
+                   rows_read: int) -> None:
         """Row `i` of `out` (and its reason) from the file's run of it, or launched (its
         lines begin with `position`): the launch is appended to the file and to `known`."""
         measured = self._recorded(known, row)
         if measured is None:
-            outcome = self._measure(row, clusters, predicted, position)
+            outcome = self._measure(row, clusters, predicted, position, rows_read)
             if isinstance(outcome, str):
                 reasons.loc[i] = outcome
                 return
@@ -512,7 +541,8 @@ class MeasuredCostModel:
             "measured_status": "", "tflops_per_gpu": np.nan,
         }, index=index)
         reasons = pd.Series("", index=index, dtype=object)
-        known = self.file.load()
+        runs = self.file.runs()
+        known = by_key(runs)
         chosen, prior = self._selection(candidates, clusters, reasons, known, self.top_k)
         if prior is not None and self.prescreen is not None:
             out[f"{self.prescreen.name}_mfu"] = prior["mfu"]
@@ -527,7 +557,7 @@ class MeasuredCostModel:
                     raise_if_interrupted()
                     predicted = None if prior is None else float(prior.loc[i, "step_time_s"])
                     self._price_row(i, records[i], known, clusters, predicted, out, reasons,
-                                    positions.get(i, ""))
+                                    positions.get(i, ""), len(runs))
                 raise_if_interrupted()
         except KeyboardInterrupt:
             _tell(f"measured: interrupted; {self.file.path} keeps every finished run, and the "

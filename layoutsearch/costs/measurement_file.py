@@ -67,6 +67,11 @@ def measurement_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(plain_value(values[c]) for c in MEASUREMENT_KEY)
 
 
+def by_key(runs: list[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """Rows by measurement key, the last of repeated rows winning (a relaunch's row)."""
+    return {measurement_key(run): run for run in runs}
+
+
 class MeasurementFile:
     """A measurement file (CSV, or Parquet by its suffix) that rows are appended to, one at
     a time, durably. A user's own file is kept as it is: a row is never glued onto a last
@@ -78,16 +83,20 @@ class MeasurementFile:
 
     def load(self) -> dict[tuple[Any, ...], dict[str, Any]]:
         """Rows already measured, by measurement key (the last of repeated rows wins)."""
+        return by_key(self.runs())
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every row, in the order they were appended."""
         if not self.path.is_file() or self.path.stat().st_size == 0:
-            return {}
+            return []
         rows = validate_measurements(read_table(self.path), source=str(self.path))
-        records = [{str(k): v for k, v in r.items()} for r in rows.to_dict("records")]
-        return {measurement_key(r): r for r in records}
+        return [{str(k): v for k, v in r.items()} for r in rows.to_dict("records")]
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def locked(self) -> Iterator[None]:
         """Hold an exclusive lock beside the file: local optuna workers and concurrent
-        sweeps append to one file, and a Parquet append rewrites it."""
+        sweeps append to one file, a Parquet append rewrites it, and a search claims a
+        layout (costs/claims.py) only after reading the file again."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if sys.platform == "win32":  # unlocked: no flock, and no local workers fork there
             yield
@@ -120,7 +129,7 @@ class MeasurementFile:
             return None
 
     def append(self, row: Mapping[str, Any]) -> None:
-        with self._locked():
+        with self.locked():
             self._append(row)
 
     def _append(self, row: Mapping[str, Any]) -> None:
