@@ -6,6 +6,7 @@ constants, so a fit can be checked against the truth.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -610,3 +611,11 @@ def test_every_calibration_option_says_what_it_does_in_its_help():
     silent = [action.option_strings or action.dest for action in _parser()._actions
               if not action.help]
     assert silent == []
+
+
+def test_every_calibration_option_with_a_default_names_it_in_its_help():
+    # `--base` starts the fit from analytic_prior unless told otherwise: `--help` says so.
+    unnamed = [action.option_strings for action in _parser()._actions
+               if action.option_strings and action.default not in (None, False, argparse.SUPPRESS)
+               and f"default {action.default}" not in action.help % vars(action)]
+    assert unnamed == []

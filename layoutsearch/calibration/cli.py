@@ -81,7 +81,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(default %(default)s; in a --config-dir's cost_models/ folder, "
                         "cost_models=<its name> selects it)")
     parser.add_argument("--base", default="analytic_prior",
-                        help="constants to start from and compare with (name or YAML path)")
+                        help="constants to start from and compare with (name or YAML path; default "
+                        "%(default)s)")
     parser.add_argument("--free", default=None,
                         help="comma-separated time constants to fit (default: those that move "
                         "a predicted step time on these rows)")
