@@ -414,8 +414,7 @@ class MeasuredCostModel:
             # A setup problem holds for every layout of the search: stop, record nothing.
             raise LayoutSearchError(
                 f"cost_models=measured cannot launch with launcher={self.launcher.name}: "
-                f"{problem}. Nothing was launched for {name}; the measurements already in "
-                f"{self.file.path} are kept, and the same command resumes from them")
+                f"{problem}. Nothing was launched for {name}; {self._what_the_file_keeps()}")
         # `~` expanded as the check above expands it: a path is taken literally by open().
         log_path = Path(log_dir).expanduser() / f"{name}.log"
         trial = f"{self.launcher.name}: {position}{name}"
@@ -460,12 +459,19 @@ class MeasuredCostModel:
                         f"cost_models=measured stopped: {name} failed before training, as "
                         f"every layout would: {result.message} (log {log_path}). Check python, "
                         f"torchrun, megatron_path and extra_args (cost_models/megatron.yaml); "
-                        f"nothing was recorded for it, the measurements already in "
-                        f"{self.file.path} are kept, and the same command resumes from them")
+                        f"nothing was recorded for it; {self._what_the_file_keeps()}")
                 measured = _result_row(row, result, clusters, self.launcher.name, log_path)
                 self.file.append(measured)
                 _tell(_outcome_line(trial, measured))
                 return measured
+
+    def _what_the_file_keeps(self) -> str:
+        """How a setup problem's message ends: the file's runs are kept for the same command
+        to resume from, or, before the first run, there are none to keep."""
+        if self.file.is_empty():
+            return f"no run is recorded in {self.file.path} yet"
+        return (f"the measurements already in {self.file.path} are kept, and the same command "
+                "resumes from them")
 
     def reprices(self, costs: Mapping[str, Any]) -> bool:
         """Whether a layout priced in an earlier search is asked again (its file row read, or

@@ -81,13 +81,17 @@ class MeasurementFile:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
+    def is_empty(self) -> bool:
+        """Whether nothing was written yet: no file, or one of 0 bytes."""
+        return not self.path.is_file() or self.path.stat().st_size == 0
+
     def load(self) -> dict[tuple[Any, ...], dict[str, Any]]:
         """Rows already measured, by measurement key (the last of repeated rows wins)."""
         return by_key(self.runs())
 
     def runs(self) -> list[dict[str, Any]]:
         """Every row, in the order they were appended."""
-        if not self.path.is_file() or self.path.stat().st_size == 0:
+        if self.is_empty():
             return []
         rows = validate_measurements(read_table(self.path), source=str(self.path))
         return [{str(k): v for k, v in r.items()} for r in rows.to_dict("records")]
@@ -133,7 +137,7 @@ class MeasurementFile:
             self._append(row)
 
     def _append(self, row: Mapping[str, Any]) -> None:
-        empty = not self.path.is_file() or self.path.stat().st_size == 0
+        empty = self.is_empty()
         if is_parquet(self.path):
             self._append_parquet(row, empty)
             return

@@ -576,6 +576,25 @@ def test_a_setup_problem_stops_the_search_and_records_nothing(tmp_path, problem,
     assert fixed.launched == 2 and ranked["fits"].sum() == 2
 
 
+def test_a_setup_problem_says_whether_the_file_holds_runs_to_resume_from(tmp_path):
+    file = tmp_path / "measurements.csv"
+    broken = fake_megatron_settings(tmp_path).replace(megatron_path="no-such-checkout")
+
+    def stop_message() -> str:
+        model = MeasuredCostModel(settings=broken, measurements=file,
+                                  prescreen=build_cost_model("analytic"), top_k=2)
+        with pytest.raises(layoutsearch.LayoutSearchError) as stop:
+            layoutsearch.search(cost_model=model, **SMALL_JOB)
+        return str(stop.value)
+
+    # A first search has no runs to keep: the message does not send the user to a file that
+    # does not exist.
+    assert stop_message().endswith(f"; no run is recorded in {file} yet")
+    layoutsearch.search(cost_model=fake_measured_model(tmp_path, top_k=1), **SMALL_JOB)
+    assert stop_message().endswith(f"; the measurements already in {file} are kept, and the "
+                                   "same command resumes from them")
+
+
 def test_the_local_launcher_refuses_a_job_beyond_one_node_before_launching(tmp_path):
     model = MeasuredCostModel(settings=fake_megatron_settings(tmp_path),
                               measurements=tmp_path / "measurements.csv",
