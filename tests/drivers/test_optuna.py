@@ -468,6 +468,14 @@ def test_a_study_under_the_earlier_default_name_is_resumed_and_said_so(
     ranked = OptunaDriver(n_trials=3, storage=url, progress=False).run(problem)
     assert ranked.attrs["study_name"] == earlier and len(counting.priced()) == 3
     assert f"resuming study {earlier!r}" in capsys.readouterr().err
+    # It is resumed under the sampler settings that resumed it first: in a sweep over the
+    # seed, the other jobs start studies of their own instead of all sharing it.
+    other_seed = OptunaDriver(n_trials=3, storage=url, seed=1, progress=False)
+    assert other_seed.run(problem).attrs["study_name"] == other_seed.default_study_name(
+        fingerprint)
+    assert len(counting.priced()) == 6
+    again = OptunaDriver(n_trials=3, storage=url, progress=False).run(problem)
+    assert again.attrs["study_name"] == earlier and len(counting.priced()) == 6
     # Where no such study is, the default name is the new one.
     fresh = OptunaDriver(n_trials=3, storage=f"sqlite:///{tmp_path}/fresh.db", progress=False)
     assert fresh.run(problem).attrs["study_name"] == fresh.default_study_name(fingerprint)

@@ -74,6 +74,9 @@ DIRECTIONS = {
 SAMPLERS = ("tpe", "nsga2", "random")
 FINGERPRINT_ATTR = "layoutsearch"
 """Study user attribute holding the job, space, objectives and cost model it was made for."""
+SAMPLING_ATTR = "layoutsearch_sampling"
+"""Study user attribute of a study under the earlier default name: the sampler settings of
+the first search that resumed it, which later searches with other settings leave alone."""
 
 
 def _study_name_of(made_for: Mapping[str, Any]) -> str:
@@ -251,21 +254,31 @@ class OptunaDriver:
         (`-m driver.sampler=tpe,random`, `driver.seed=0,1,2`) gets a study per job instead
         of the first job's trials. The sampler is no part of the fingerprint, so a study
         named with `study_name` may be resumed with other sampler settings."""
-        sampling = {"sampler": self.sampler, "seed": self.seed,
-                    "n_startup_trials": self.n_startup_trials,
-                    "multivariate": self.multivariate}
-        return _study_name_of({**fingerprint, "sampling": sampling})
+        return _study_name_of({**fingerprint, "sampling": self.sampling()})
+
+    def sampling(self) -> dict[str, Any]:
+        """The sampler settings a default study name includes."""
+        return {"sampler": self.sampler, "seed": self.seed,
+                "n_startup_trials": self.n_startup_trials, "multivariate": self.multivariate}
 
     def _default_or_earlier_name(self, fingerprint: Mapping[str, Any],
                                  storage: BaseStorage) -> str:
         """The default study name; or, where `storage` holds no study of that name but one
         of the name layoutsearch gave this search before the sampler settings were part of
         it (the fingerprint's digest alone), that study, said on stderr, so a search begun
-        before the change resumes instead of starting over."""
+        before the change resumes instead of starting over. The first search to resume it
+        stamps it with its sampler settings: in a sweep over them (`driver.seed=0,1,2`) one
+        job resumes it and the others start studies of their own."""
         name = self.default_study_name(fingerprint)
         earlier = _study_name_of(fingerprint)
         names = {study.study_name for study in storage.get_all_studies()}
         if name in names or earlier not in names:
+            return name
+        study_id = storage.get_study_id_from_name(earlier)
+        resumed_by = storage.get_study_user_attrs(study_id).get(SAMPLING_ATTR)
+        if resumed_by is None:
+            storage.set_study_user_attr(study_id, SAMPLING_ATTR, self.sampling())
+        elif resumed_by != self.sampling():
             return name
         print(f"resuming study {earlier!r}, named before the default study name included "
               f"the sampler settings (driver.study_name={earlier} names it explicitly)",
