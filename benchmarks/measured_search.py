@@ -11,7 +11,10 @@ study's llama_13b, 64 A100 80GB, 2k sequence, global batch 2048, the paper space
 2. a measured search killed with SIGKILL once some rows are recorded, then started again:
    what was recorded before the kill, what the restart launched, and whether any recorded
    layout was launched again (the trial in flight at the kill stops with the search and,
-   having no row, is measured again).
+   having no row, is measured again);
+3. two measured searches of that job started at once on one measurement file (a parallel
+   multirun, two notebooks): how many launches between them, whether any layout was
+   launched twice, and whether both answer with the same best layout.
 
     python benchmarks/measured_search.py [--top-k 8] [--workdir DIR]
 """
@@ -70,9 +73,11 @@ CHILD = """
 import json
 import sys
 import layoutsearch
+from layoutsearch.reporting.explain import label
 from layoutsearch.testing import fake_measured_model
 model = fake_measured_model(sys.argv[1], top_k=int(sys.argv[2]), sleep_s=float(sys.argv[3]))
-layoutsearch.search(cost_model=model, **json.loads(sys.argv[4]))
+ranked = layoutsearch.search(cost_model=model, **json.loads(sys.argv[4]))
+print(label(ranked.iloc[0]))
 """
 
 
@@ -99,7 +104,7 @@ def kill_and_resume(workdir: Path) -> None:
     launched_before = launches(workdir)
     print(f"\n== SIGKILL after {len(before)} recorded rows (top_k={RESUME_TOP_K}); "
           f"{len(launched_before)} launches started before the kill")
-    subprocess.run(_search_argv(workdir, 0.0), check=True)
+    subprocess.run(_search_argv(workdir, 0.0), check=True, stdout=subprocess.DEVNULL)
     after = read_measurements(measurements)
     launched_after = launches(workdir)[len(launched_before):]
     recorded_commands = set(launched_before[: len(before)])
@@ -113,6 +118,26 @@ def kill_and_resume(workdir: Path) -> None:
           f"{relaunched}, duplicate rows: {duplicates}")
 
 
+def two_at_once(workdir: Path) -> None:
+    start = time.perf_counter()
+    searches = [subprocess.Popen(_search_argv(workdir, SLEEP_PER_ITERATION_S),
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                for _ in range(2)]
+    outputs = [search.communicate()[0] for search in searches]
+    seconds = time.perf_counter() - start
+    if any(search.returncode for search in searches):
+        raise SystemExit(f"a search sharing the file failed: {[s.returncode for s in searches]}")
+    launched = launches(workdir)
+    rows = read_measurements(workdir / "measurements.csv")
+    duplicates = int(rows.duplicated(subset=list(LAYOUT_COLUMNS)).sum())
+    bests = [output.strip().splitlines()[-1] for output in outputs]
+    print(f"\n== two searches at once on one file (top_k={RESUME_TOP_K} each)")
+    print(f"launches: {len(launched)} in all, layouts launched twice: "
+          f"{len(launched) - len(set(launched))}; rows {len(rows)}, duplicate rows: "
+          f"{duplicates}; both best {bests[0]}: {bests[0] == bests[1]}; wall time "
+          f"{seconds:.1f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--top-k", type=int, default=8)
@@ -123,6 +148,7 @@ def main() -> None:
         root = (args.workdir or Path(scratch)).resolve()
         failures_and_prescreen(root / "failures", args.top_k)
         kill_and_resume(root / "resume")
+        two_at_once(root / "shared")
 
 
 if __name__ == "__main__":
