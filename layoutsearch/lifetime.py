@@ -78,16 +78,34 @@ class _Process:
     one given the same pid."""
 
 
-def _read_stat(pid: str) -> _Process | None:
-    """One process from /proc/PID/stat (proc(5)); None if it is gone or a zombie."""
+ENDED_STATES = ("Z", "X")
+"""The states (/proc/PID/stat's third field) of a process that has ended and awaits its
+parent's wait(): nothing of it runs or holds anything, though its pid answers kill(2)."""
+
+
+def _stat_fields(pid: str) -> list[str] | None:
+    """The fields of /proc/PID/stat (proc(5)) from the third, the state, on; None where it
+    cannot be read (the process is gone, or there is no /proc)."""
     try:
         with open(f"{PROC}/{pid}/stat") as handle:
             stat = handle.read()
     except OSError:
         return None
     # Field 2, the command name, is in parentheses and may itself hold spaces and ')'.
-    fields = stat[stat.rindex(")") + 2:].split()
-    if fields[0] in ("Z", "X"):  # dead, awaiting its parent's wait(): nothing left to stop
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def ended_unreaped(pid: int) -> bool:
+    """Whether process `pid` has ended but its parent has not waited for it yet (a zombie).
+    Linux only (/proc); False elsewhere, and where its state cannot be read."""
+    fields = _stat_fields(str(pid))
+    return fields is not None and fields[0] in ENDED_STATES
+
+
+def _read_stat(pid: str) -> _Process | None:
+    """One process from /proc/PID/stat (proc(5)); None if it is gone or a zombie."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in ENDED_STATES:  # nothing left to stop
         return None
     return _Process(pid=int(pid), parent=int(fields[1]), group=int(fields[2]),
                     started=int(fields[19]))

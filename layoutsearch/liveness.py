@@ -17,6 +17,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from layoutsearch.lifetime import ended_unreaped
+
 HEARTBEAT_S = 30.0
 """How often a search stamps what it holds with the time (seconds): an evaluation with a
 measured cost model is a training launch that may run for an hour."""
@@ -29,7 +31,8 @@ HOST = socket.gethostname()
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process `pid` of this host runs (a process of another user counts)."""
+    """Whether process `pid` of this host runs (a process of another user counts; one that
+    ended and that its parent has not waited for yet does not, on Linux)."""
     if sys.platform == "win32":  # os.kill(pid, 0) would end it there: assume it runs
         return True
     try:
@@ -37,8 +40,10 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    # A zombie answers kill(0) until its parent waits for it, which may be never: a script
+    # that started two searches and waits for the one waiting on the dead one's claim.
+    return not ended_unreaped(pid)
 
 
 class Heartbeat:

@@ -118,6 +118,39 @@ def test_a_claim_whose_search_is_gone_is_taken_over(tmp_path, capsys, where):
     assert not claim.exists()  # the row is written: the claim taken over is let go
 
 
+def ended_unreaped() -> subprocess.Popen:
+    """A process that has ended but that its parent (this one) has not waited for yet: a
+    zombie, as a search killed while the script that started it waits for another is."""
+    process = subprocess.Popen([sys.executable, "-c", ""])
+    deadline = time.time() + 30
+    while Path(f"/proc/{process.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+        assert time.time() < deadline
+        time.sleep(0.01)
+    return process
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc")
+def test_a_claim_whose_search_ended_unreaped_is_taken_over(tmp_path, capsys):
+    # Its pid still answers kill(0): judged alive, the claim was waited for as long as the
+    # parent of the dead search did not reap it (for ever, where that parent waits for the
+    # search that waits).
+    row = first_launch(tmp_path)
+    zombie = ended_unreaped()
+    try:
+        claim = write_claim(tmp_path / "runs.csv", row, zombie.pid, HOST)
+        capsys.readouterr()
+        taker = LayoutClaim(MeasurementFile(tmp_path / "runs.csv"), row, "local: a trial",
+                            since=0, retry=())
+        assert taker.take() is None and taker.held
+    finally:
+        zombie.wait()
+    assert capsys.readouterr().err == (f"local: a trial: pid {zombie.pid} on host {HOST}, "
+                                       "which claimed it, is gone; launching it here\n")
+    assert json.loads(claim.read_text())["token"] == taker.token
+    taker.release()
+    assert not claim.exists()
+
+
 WAITING_SEARCH = """
 import json
 import sys
