@@ -126,12 +126,14 @@ class LayoutClaim:
             os.utime(self.path)
 
     def release(self) -> None:
-        """Remove the claim, if this search holds it (another may have taken it over)."""
+        """Remove the claim, if this search holds it (another may have taken it over). A
+        Ctrl-C waits for it to be gone: left behind by a live process (a notebook's), it
+        would keep the searches of this host waiting for a run nobody makes."""
         if not self.held:
             return
         self.held = False
         _HELD_HERE.discard(self.token)
-        with self.file.locked():
+        with deferring_interrupts(), self.file.locked():
             if self._claimant() == self.token:
                 self.path.unlink(missing_ok=True)
 

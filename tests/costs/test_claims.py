@@ -7,6 +7,7 @@ import math
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -266,6 +267,30 @@ def test_a_launch_holds_its_claim_while_it_runs_and_lets_it_go_after(tmp_path, i
     assert model.launcher.seen == [[os.getpid()]] * (1 if interrupted else 2)
     assert list(claims.iterdir()) == []
     assert len(MeasurementFile(model.file.path).runs()) == (0 if interrupted else 2)
+
+
+def test_a_ctrl_c_as_a_claim_is_removed_waits_until_it_is_gone(tmp_path, monkeypatch):
+    # Pressed again as the claim of a trial stopped by Ctrl-C was being removed, it left the
+    # claim of a live process (a notebook's kernel): every other search of this machine
+    # waited for a run nobody was making, for as long as the kernel ran.
+    model = fake_measured_model(tmp_path, top_k=1)
+    claims = claims_folder(model.file.path)
+    model.launcher = SeesItsClaim(model.launcher, claims, interrupted=True)
+    unlink = Path.unlink
+    pressed: list[Path] = []
+
+    def pressed_first(path, *args, **kwargs):
+        if path.parent == claims and path.suffix == ".json" and not pressed:
+            pressed.append(path)
+            signal.raise_signal(signal.SIGINT)
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", pressed_first)
+    with pytest.raises(KeyboardInterrupt):
+        layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert len(pressed) == 1 and model.launcher.seen == [[os.getpid()]]
+    assert list(claims.iterdir()) == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_claim_is_stamped_while_its_launch_runs_and_judged_by_its_stamp(tmp_path):
