@@ -92,8 +92,10 @@ class Deferral:
         previous = signal.getsignal(signal.SIGINT)
         if self.started or previous is None:
             return
-        self.previous, self.started = previous, True
+        # Started once the handler is set: signal.signal() first runs a pending handler,
+        # which may raise a Ctrl-C pressed just now; caught, a second start() holds it.
         signal.signal(signal.SIGINT, self._hold_the_first)
+        self.previous, self.started = previous, True
 
     def _hold_the_first(self, signum: int, frame: FrameType | None) -> None:
         self.presses += 1

@@ -155,6 +155,32 @@ def test_a_ctrl_c_caught_as_the_block_started_deferring_is_held_too() -> None:
     assert reached == ["the row"] and deferral.presses == 1
 
 
+def test_a_ctrl_c_pending_as_deferring_starts_is_held_once_caught(monkeypatch) -> None:
+    # CPython runs a pending handler inside signal.signal(), before the new one is set: a
+    # press just as a trial ended was raised there, and, the block already marked as
+    # holding, the launcher's start_deferring_interrupts(pressed=True) let it stop the
+    # search before the row was written ("a second Ctrl-C", and the run lost).
+    install = signal.signal
+    pending = [True]
+
+    def pressed_as_it_installs(signum, handler):
+        if pending and handler is not signal.default_int_handler:
+            pending.clear()
+            raise KeyboardInterrupt
+        return install(signum, handler)
+
+    monkeypatch.setattr(signal, "signal", pressed_as_it_installs)
+    reached = []
+    with pytest.raises(KeyboardInterrupt), deferring_interrupts_once_started() as deferral:
+        try:
+            start_deferring_interrupts()  # the trial ended
+        except KeyboardInterrupt:
+            start_deferring_interrupts(pressed=True)  # as the launcher does
+        reached.append("the row")
+    assert reached == ["the row"] and deferral.presses == 1
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_outside_a_block_starting_to_defer_holds_nothing() -> None:
     # A launcher run on its own: no caller records the run, so nothing waits for it.
     start_deferring_interrupts()
