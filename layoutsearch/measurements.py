@@ -395,7 +395,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
     if not isinstance(path, str | Path):
         raise LayoutSearchError(f"measurement file {path!r}: must be the path of a CSV or "
                                 "Parquet file of runs (docs/measurements.md)")
-    path = Path(path)
+    path = Path(path).expanduser()  # checked where pandas reads it: `~` is the home folder
     if path.is_dir():
         raise LayoutSearchError(f"measurement file {str(path)!r} is a folder; name the CSV or "
                                 "Parquet file in it")

@@ -79,7 +79,8 @@ class MeasurementFile:
     rows take the schema's defaults), so that no figure of a new row is dropped."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        # `~` expanded, as pandas expands it on reading: open() would take it literally.
+        self.path = Path(path).expanduser()
 
     def is_empty(self) -> bool:
         """Whether nothing was written yet: no file, or one of 0 bytes."""

@@ -681,6 +681,22 @@ def test_a_log_folder_under_home_is_written_there_not_into_a_folder_named_tilde(
     assert not (tmp_path / "~").exists()
 
 
+def test_a_measurement_file_under_home_is_written_there_not_into_a_folder_named_tilde(
+        tmp_path, monkeypatch):
+    # cost_models.measurements=~/runs/measurements.csv reaches Python as written (the shell
+    # expands no ~ after "name="): the runs went to ./~/runs/, a folder of the current one,
+    # and a search started elsewhere did not find them.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    model = fake_measured_model(tmp_path, top_k=1, measurements="~/runs/measurements.csv")
+    layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert len(read_measurements(tmp_path / "home" / "runs" / "measurements.csv")) == 1
+    assert not (tmp_path / "~").exists()
+    again = fake_measured_model(tmp_path, top_k=1, measurements="~/runs/measurements.csv")
+    layoutsearch.search(cost_model=again, **SMALL_JOB)
+    assert again.launched == 0  # read back from the home folder's file
+
+
 def test_a_one_node_dry_run_offers_the_local_launcher_too(tmp_path):
     settings = fake_megatron_settings(tmp_path).replace(launcher="dry_run")
     model = MeasuredCostModel(settings=settings, measurements=tmp_path / "measurements.csv",

@@ -172,6 +172,14 @@ def test_scores_many_rows_in_order_on_the_callers_index(runs_csv: Path,
     assert scored["fits"].tolist() == [False, True, False, True]
 
 
+def test_a_measurement_file_under_home_is_read_from_there(
+        runs_csv: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Read as written, "~/runs.csv" was said not to exist.
+    monkeypatch.setenv("HOME", str(runs_csv.parent))
+    model = build_cost_model("replay", path="~/runs.csv")
+    assert model.fingerprint() == ReplayCostModel.load(runs_csv).fingerprint()
+
+
 def test_bad_files_and_configs_are_named(tmp_path: Path, measurement_row: dict[str, Any]) -> None:
     with pytest.raises(LayoutSearchError, match=r"^replay: the replay cost model needs 'path', "
                                                 r"a measurement file \(CSV or Parquet"):
