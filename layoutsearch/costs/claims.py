@@ -175,7 +175,10 @@ class LayoutClaim:
                 f"unclaimed, so a search sharing {self.file.path} may launch it too")
             return None
         finally:
-            temporary.unlink(missing_ok=True)
+            # Where the folder cannot be entered (or is a file) this fails as the write
+            # did, with nothing to remove: the launch goes on unclaimed.
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
         self.held = True
         _HELD_HERE.add(self.token)
         return None

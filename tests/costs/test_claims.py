@@ -293,6 +293,22 @@ def test_a_ctrl_c_as_a_claim_is_removed_waits_until_it_is_gone(tmp_path, monkeyp
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_a_search_that_cannot_claim_launches_unclaimed_and_says_so(tmp_path, capsys):
+    # Where the claims cannot be written (a file in the way here; another user's folder it
+    # may not enter, elsewhere), removing the claim's temporary file failed too, and that
+    # error stopped the search instead of the launch going on unclaimed.
+    measurements = tmp_path / "measurements.csv"
+    claims_folder(measurements).write_text("")
+    model = fake_measured_model(tmp_path, top_k=1)
+    layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert model.launched == 1 and len(MeasurementFile(measurements).runs()) == 1
+    (told,) = [line for line in capsys.readouterr().err.splitlines() if "claim" in line]
+    assert re.fullmatch(
+        rf"local: llama_7b_\S+: cannot claim it in {re.escape(str(claims_folder(measurements)))} "
+        rf"\(\[Errno 17\] File exists: .+\); launching it unclaimed, so a search sharing "
+        rf"{re.escape(str(measurements))} may launch it too", told), told
+
+
 def test_a_claim_is_stamped_while_its_launch_runs_and_judged_by_its_stamp(tmp_path):
     row = first_launch(tmp_path)
     claim = LayoutClaim(MeasurementFile(tmp_path / "runs.csv"), row, "local: a trial", since=0,
