@@ -431,39 +431,46 @@ class MeasuredCostModel:
                 limit_s = trial_time_limit_s(self.settings, predicted_step_s)
                 limit = f"{limit_s:.0f} s" if limit_s < 600 else f"{limit_s / 60:.0f} min"
                 _tell(f"{trial}: started, time limit {limit} (log {log_path})")
-            # A Ctrl-C from the trial's end on (the launcher says when: its log is still to
-            # be read) waits for the run to be in the file: it may have trained for an hour,
-            # and the same command would launch it again.
-            with deferring_interrupts_once_started() as deferral:
-                try:
-                    outcome = self.launcher.run(Trial(name=name, command=command,
-                                                      log_path=log_path,
-                                                      step_time_s=predicted_step_s))
-                except KeyboardInterrupt:
-                    if deferral.started:  # a second press, as its log was read
-                        _tell(f"{trial}: finished, but a second Ctrl-C stopped the search "
-                              "before it was recorded, so the same command launches it again")
-                    else:  # the launcher stopped the trial (a local one's processes, a job)
-                        _tell(f"{trial}: stopped by Ctrl-C before it finished; nothing was "
-                              "recorded, so the same command launches it again")
-                    raise
-                start_deferring_interrupts()  # where the launcher did not say so itself
-                if not outcome.ran:
-                    _tell(f"{trial}: {outcome.text}")
-                    return f"not measured: {outcome.text}"
-                self.launched += 1
-                result = parse_log(outcome.text, warmup_iters=self.settings.warmup_iters,
-                                   returncode=outcome.returncode, timed_out=outcome.timed_out)
-                if result.setup_problem:
-                    raise LayoutSearchError(
-                        f"cost_models=measured stopped: {name} failed before training, as "
-                        f"every layout would: {result.message} (log {log_path}). Check python, "
-                        f"torchrun, megatron_path and extra_args (cost_models/megatron.yaml); "
-                        f"nothing was recorded for it; {self._what_the_file_keeps()}")
-                measured = _result_row(row, result, clusters, self.launcher.name, log_path)
-                self.file.append(measured)
-                _tell(_outcome_line(trial, measured))
-                return measured
+            return self._launch_and_record(row, clusters, Trial(
+                name=name, command=command, log_path=log_path, step_time_s=predicted_step_s),
+                trial)
+
+    def _launch_and_record(self, row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec],
+                           launch: Trial, trial: str) -> dict[str, Any] | str:
+        """Run `launch` and append its row to the file (the row), or say why it did not run
+        (a str); `trial` names it in the lines said."""
+        # A Ctrl-C from the trial's end on (the launcher says when: its log is still to be
+        # read) waits for the run to be in the file: it may have trained for an hour, and
+        # the same command would launch it again.
+        with deferring_interrupts_once_started() as deferral:
+            try:
+                outcome = self.launcher.run(launch)
+            except KeyboardInterrupt:
+                if deferral.started:  # a second press, as its log was read
+                    _tell(f"{trial}: finished, but a second Ctrl-C stopped the search before "
+                          "it was recorded, so the same command launches it again")
+                else:  # the launcher stopped the trial (a local one's processes, a Slurm job)
+                    _tell(f"{trial}: stopped by Ctrl-C before it finished; nothing was "
+                          "recorded, so the same command launches it again")
+                raise
+            start_deferring_interrupts()  # where the launcher did not say so itself
+            if not outcome.ran:
+                _tell(f"{trial}: {outcome.text}")
+                return f"not measured: {outcome.text}"
+            self.launched += 1
+            result = parse_log(outcome.text, warmup_iters=self.settings.warmup_iters,
+                               returncode=outcome.returncode, timed_out=outcome.timed_out)
+            if result.setup_problem:
+                raise LayoutSearchError(
+                    f"cost_models=measured stopped: {launch.name} failed before training, as "
+                    f"every layout would: {result.message} (log {launch.log_path}). Check "
+                    f"python, torchrun, megatron_path and extra_args "
+                    f"(cost_models/megatron.yaml); nothing was recorded for it; "
+                    f"{self._what_the_file_keeps()}")
+            measured = _result_row(row, result, clusters, self.launcher.name, launch.log_path)
+            self.file.append(measured)
+            _tell(_outcome_line(trial, measured))
+            return measured
 
     def _what_the_file_keeps(self) -> str:
         """How a setup problem's message ends: the file's runs are kept for the same command
