@@ -54,6 +54,7 @@ from layoutsearch.megatron.args import (
     flash3_attention_option,
     job_of_row,
 )
+from layoutsearch.megatron.checkout_check import CheckoutCheck
 from layoutsearch.megatron.checks import every_command_rejected, rejection
 from layoutsearch.megatron.inverse import row_of_argv
 from layoutsearch.megatron.launchers import Launcher, Trial, build_launcher
@@ -159,6 +160,8 @@ class MeasuredCostModel:
         self.settings = settings
         self.file = MeasurementFile(measurements)
         self.launcher = launcher or build_launcher(settings)
+        self.checkout_check = CheckoutCheck(settings)
+        """The checkout's own validate_args, asked of each command before it is launched."""
         self.prescreen = prescreen
         self.top_k = top_k
         self.launched = 0
@@ -266,7 +269,19 @@ class MeasuredCostModel:
         otherwise = self._runs_otherwise(command, row)
         if otherwise:
             return f"not measured: the command would run {otherwise[0]}"
-        return ""
+        verdict = self.checkout_check.verdict(command, self.launcher.environment(command))
+        if verdict is None or verdict.outcome != "rejected":
+            return ""
+        where = self.checkout_check.where
+        if verdict.stage == "parse_args":
+            # A flag or value the checkout does not take is its version's, not the layout's:
+            # every command would fail alike.
+            raise LayoutSearchError(
+                f"cost_models=measured cannot launch: {where} does not take the command's "
+                f"flags ({verdict.message}); layoutsearch writes those of Megatron-LM main "
+                f"(2025-2026). Use such a checkout, or set megatron.validate_args=false to "
+                f"launch anyway. Nothing was launched; {self._what_the_file_keeps()}")
+        return f"not measured: {where} rejects the command: {verdict}"
 
     def _runs_otherwise(self, command: MegatronCommand, row: Mapping[str, Any]) -> list[str]:
         """What the command runs other than the row asks ("micro_batch_size 2, not 1"), read
@@ -333,13 +348,14 @@ class MeasuredCostModel:
         known = self.file.load()
         passed: dict[Any, str] = {}
         measured = None
-        for i in ordered:
-            row = {str(k): v for k, v in candidates.loc[i].items()}
-            refusal = "" if self._recorded(known, row) else self._refusal(row, clusters)
-            if not refusal:
-                measured = i
-                break
-            passed[i] = refusal.removeprefix("not measured: ")
+        with self.checkout_check:
+            for i in ordered:
+                row = {str(k): v for k, v in candidates.loc[i].items()}
+                refusal = "" if self._recorded(known, row) else self._refusal(row, clusters)
+                if not refusal:
+                    measured = i
+                    break
+                passed[i] = refusal.removeprefix("not measured: ")
         if not passed or prior is None:
             return ""
         best = next(iter(passed))
@@ -364,7 +380,8 @@ class MeasuredCostModel:
         `top_k` is left out: it ranks the rows of one call, and a driver that asks one
         layout at a time gets each one priced."""
         reasons = pd.Series("", index=candidates.index, dtype=object)
-        self._selection(candidates, clusters, reasons, self.file.load(), top_k=None)
+        with self.checkout_check:
+            self._selection(candidates, clusters, reasons, self.file.load(), top_k=None)
         return reasons
 
     def recorded(self, candidates: pd.DataFrame,
@@ -553,7 +570,12 @@ class MeasuredCostModel:
             "peak_memory_gib": np.nan, "fits": False, "cost_reason": "",
             "measured_status": "", "tflops_per_gpu": np.nan,
         }, index=index)
-        reasons = pd.Series("", index=index, dtype=object)
+        with self.checkout_check:  # its process ends here; its answers are kept
+            return self._score(candidates, clusters, out)
+
+    def _score(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
+               out: pd.DataFrame) -> pd.DataFrame:
+        reasons = pd.Series("", index=candidates.index, dtype=object)
         runs = self.file.runs()
         known = by_key(runs)
         chosen, prior = self._selection(candidates, clusters, reasons, known, self.top_k)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,11 +19,13 @@ from layoutsearch.drivers.paper import PASSED_OVER, RULE_COLUMN
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.megatron.args import MegatronCommand, build_command
+from layoutsearch.megatron.checkout_check import CheckoutCheck
 from layoutsearch.megatron.checks import every_command_rejected, rejection
 from layoutsearch.megatron.launchers import DRY_RUN_REASON
 from layoutsearch.megatron.scripts import needs_sbatch, torchrun_argv, write_script
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.megatron.validation import Problem
+from layoutsearch.progress import say
 from layoutsearch.results import COMMAND_REJECTED, job_of
 from layoutsearch.specs import Job
 
@@ -143,6 +145,7 @@ def write_launch_scripts(ranked: pd.DataFrame, job: Job, out_dir: str | Path,
                            f"({Layout.from_row(row).describe()}): {error}")
                 raise LayoutSearchError(f"no launch scripts written: {refusal}")
             chosen[key] = (rank, row, command, [])
+    _check_in_checkout(chosen.values(), resolved)
     paths: list[Path] = []
     # Ranks of one width, so that a listing (and `for f in *.sh`) goes in rank order.
     width = max([2, *(len(str(rank)) for rank, *_ in chosen.values())])
@@ -164,6 +167,25 @@ def write_launch_scripts(ranked: pd.DataFrame, job: Job, out_dir: str | Path,
         paths.append(write_script(command, resolved, Path(out_dir) / f"{name}.sh", label,
                                   step_time_s=step_time_s))
     return paths
+
+
+def _check_in_checkout(chosen: Iterable[tuple[int, dict[str, Any], MegatronCommand, list[str]]],
+                       settings: MegatronSettings) -> None:
+    """Put the chosen commands to the checkout's own parse_args and validate_args, where
+    `validate_args` says to (checkout_check.py): a command it rejects writes no script."""
+    with CheckoutCheck(settings) as check:
+        verdicts = [(rank, row, check.verdict(command, command.env))
+                    for rank, row, command, _ in chosen]
+    for rank, row, verdict in verdicts:
+        if verdict is not None and verdict.outcome == "rejected":
+            raise LayoutSearchError(
+                f"no launch scripts written: {check.where} rejects the command of rank {rank} "
+                f"({Layout.from_row(row).describe()}), which layoutsearch's copy of its rules "
+                f"passes: {verdict}")
+    passed = sum(verdict is not None and verdict.outcome == "passed" for *_, verdict in verdicts)
+    if passed:
+        say(f"{check.where} ({check.module}): its parse_args and validate_args pass the "
+            f"{passed} command{'s' * (passed != 1)}")
 
 
 def emit_megatron(ranked: pd.DataFrame, output_dir: Path, top_k: int = 5) -> None:

@@ -25,8 +25,21 @@ from layoutsearch.space import KNOBS
 LAUNCHERS = ("dry_run", "local", "slurm")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """A POSIX shell variable name: what `export NAME=value` in a launch script accepts."""
+VALIDATE_ARGS_VALUES = ("auto", True, False)
+ARGUMENTS_MODULE_FILES = ("megatron/training/arguments.py", "megatron/arguments.py")
+"""Where a Megatron-LM checkout keeps parse_args and validate_args: since 2024, and before."""
 LARGEST_PORT = 65535
 """The highest TCP port: torchrun's rendezvous on a larger master_port could never bind."""
+
+
+def program(word: str) -> str:
+    """A program as a process started in the checkout finds it: one named by a relative
+    path (`venv/bin/python`) is made absolute from this folder, where layoutsearch's own
+    checks find it, as the same path would name nothing in the checkout; a bare name
+    (`python`) is left to the PATH."""
+    if "/" in word or word.startswith("~"):
+        return str(Path(word).expanduser().absolute())
+    return word
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -65,6 +78,10 @@ class MegatronSettings:
     """Environment added to every trial (NCCL settings, PYTHONPATH ...)."""
     log_dir: str = "megatron_logs"
     """Where the local and Slurm launchers keep one log per trial."""
+    validate_args: bool | str = "auto"
+    """Whether each command is checked by the checkout's own `parse_args` and
+    `validate_args`, run by `python` on this machine's CPU before the command is launched
+    or written (checkout_check.py): true, false, or `auto` (where the checkout is here)."""
     slurm: Mapping[str, Any] = field(default_factory=dict)
     """submitit AutoExecutor parameters (`slurm_partition`, `slurm_account`, `mem_gb`,
     `slurm_setup`, ...), also written into sbatch scripts (`slurm_options`)."""
@@ -118,6 +135,10 @@ class MegatronSettings:
                 f"megatron.timeout_s={self.timeout_s!r}: must be a finite number of seconds > "
                 "0, or "
                 "null for 1800 s raised to the layout's predicted run")
+        if self.validate_args not in VALIDATE_ARGS_VALUES or not isinstance(
+                self.validate_args, bool | str):  # 1 == True, but is no setting
+            raise LayoutSearchError(
+                f"megatron.validate_args={self.validate_args!r}: must be auto, true or false")
         for name in self.env:
             if not ENV_NAME.fullmatch(name):
                 raise LayoutSearchError(
@@ -148,13 +169,18 @@ class MegatronSettings:
         return self.checkout / self.script
 
     def launch_prefix(self) -> list[str]:
-        """The torchrun command, before its own options. A program named by a relative path
-        (`venv/bin/python`) is made absolute from this folder, where the preflight finds
-        it: torchrun starts in the checkout, where the same path would name nothing."""
+        """The torchrun command, before its own options, its program as `program` has it."""
         prefix = list(self.torchrun) or [self.python, "-m", "torch.distributed.run"]
-        if "/" in prefix[0] or prefix[0].startswith("~"):
-            prefix[0] = str(Path(prefix[0]).expanduser().absolute())
-        return prefix
+        return [program(prefix[0]), *prefix[1:]]
+
+    @property
+    def checks_in_checkout(self) -> bool:
+        """Whether each command is put to the checkout's own parse_args and validate_args
+        before it is launched or written (checkout_check.py): `validate_args: true`, or
+        `auto` where the checkout holds Megatron-LM's arguments module."""
+        if self.validate_args != "auto":
+            return bool(self.validate_args)
+        return any((self.checkout / path).is_file() for path in ARGUMENTS_MODULE_FILES)
 
     def replace(self, **changes: Any) -> MegatronSettings:
         return dataclasses.replace(self, **_coerce(changes, "megatron settings"))

@@ -21,6 +21,7 @@ from layoutsearch import lifetime
 from layoutsearch.costs import build_cost_model
 from layoutsearch.costs.measured import MeasuredCostModel
 from layoutsearch.costs.measurement_file import MeasurementFile
+from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import OPTIONAL_DEFAULTS, read_measurements
 from layoutsearch.megatron import parse_log
@@ -33,6 +34,7 @@ from layoutsearch.testing import (
     launches,
     running_trials,
 )
+from tests.checkouts import KNOWS_NO_FLAG, MICRO_BATCH_1_ONLY, write_checkout
 from tests.fake_submitit import FakeJob, JobStillRunning, executor_of
 from tests.presses import PressesCtrlCWhileFinalized
 from tests.rankings import assert_pareto_marks
@@ -1312,3 +1314,35 @@ def test_a_hopper_search_without_flash3_says_its_flashattention_layouts_are_not_
     ranked = layoutsearch.search(cost_model=model, cluster="h100_sxm", **SMALL_JOB, **pins,
                                  attention=["fused", "flash2", "flash3"])
     assert ranked["attention"].iloc[0] == "flash3" and ranked.attrs["coverage_note"] == ""
+
+
+def test_a_layout_the_checkouts_own_validate_args_rejects_is_not_launched(tmp_path):
+    folder = write_checkout(tmp_path / "Megatron-LM", MICRO_BATCH_1_ONLY)
+    model = fake_measured_model(tmp_path, top_k=3)
+    model = MeasuredCostModel(settings=model.settings.replace(megatron_path=str(folder)),
+                              measurements=model.file.path, launcher=model.launcher,
+                              prescreen=model.prescreen, top_k=3)
+    ranked = layoutsearch.search(cost_model=model, **JOB)
+    refused = ranked[ranked["reason"].str.contains("rejects the command")]
+    assert len(refused) >= 1 and (refused["micro_batch_size"] == 2).all()
+    assert refused["reason"].iloc[0].startswith(
+        f"not measured: Megatron-LM in {folder} rejects the command: validate_args: "
+        "AssertionError: this checkout trains micro-batch 1 only, got 2 (")
+    assert len(launches(tmp_path)) == 3 == model.launched
+    assert all("--micro-batch-size 1 " in argv for argv in launches(tmp_path))
+
+
+def test_a_checkout_that_does_not_take_the_flags_stops_the_search_before_a_launch(tmp_path):
+    folder = write_checkout(tmp_path / "Megatron-LM", KNOWS_NO_FLAG)
+    model = fake_measured_model(tmp_path, top_k=3)
+    model = MeasuredCostModel(settings=model.settings.replace(megatron_path=str(folder)),
+                              measurements=model.file.path, launcher=model.launcher,
+                              prescreen=model.prescreen, top_k=3)
+    with pytest.raises(LayoutSearchError, match=(
+            rf"^cost_models=measured cannot launch: Megatron-LM in {folder} does not take the "
+            r"command's flags \(pretrain_gpt.py: error: unrecognized arguments: --num-layers "
+            r"40 .*\); layoutsearch writes those of Megatron-LM main \(2025-2026\). Use such a "
+            r"checkout, or set megatron.validate_args=false to launch anyway. Nothing was "
+            r"launched; no run is recorded in .*measurements.csv yet$")):
+        layoutsearch.search(cost_model=model, **JOB)
+    assert launches(tmp_path) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import optuna
@@ -17,6 +18,7 @@ from layoutsearch.megatron.checks import SET_FROM, rejection
 from layoutsearch.megatron.validation import argument_parser
 from layoutsearch.results import COMMAND_REJECTED, job_of
 from layoutsearch.specs import Job
+from tests.checkouts import MICRO_BATCH_1_ONLY, write_checkout
 
 JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048)
 
@@ -258,3 +260,24 @@ def test_launch_scripts_are_written_only_when_their_commands_start(tmp_path: Pat
     paths = write_launch_scripts(ranked, job, tmp_path / "out", top_k=3)
     assert len(paths) == 3
 
+
+
+def test_launch_scripts_are_checked_by_the_checkouts_own_validate_args(tmp_path, capsys):
+    ranked = layoutsearch.search(**JOB)
+    job = job_of(ranked, "test")
+    folder = write_checkout(tmp_path / "Megatron-LM", MICRO_BATCH_1_ONLY)
+    settings = {"megatron_path": str(folder), "python": sys.executable}
+    mb1 = ranked[ranked["micro_batch_size"] == 1]
+    assert len(write_launch_scripts(mb1, job, tmp_path / "out", top_k=3,
+                                    settings=settings)) == 3
+    assert capsys.readouterr().err == (
+        f"Megatron-LM in {folder} ({folder}/megatron/training/arguments.py): its parse_args and "
+        "validate_args pass the 3 commands\n")
+    mb2 = ranked[ranked["micro_batch_size"] == 2].head(1)
+    with pytest.raises(LayoutSearchError, match=(
+            rf"^no launch scripts written: Megatron-LM in {folder} rejects the command of rank "
+            r"1 \(tp\d pp\d dp\d+ mb2 .*\), which layoutsearch's copy of its rules passes: "
+            r"validate_args: AssertionError: this checkout trains micro-batch 1 only, got 2 "
+            r"\(.*/megatron/training/arguments.py:\d+\)$")):
+        write_launch_scripts(mb2, job, tmp_path / "out2", top_k=3, settings=settings)
+    assert not (tmp_path / "out2").exists()

@@ -1,0 +1,128 @@
+"""Megatron-LM's own argument checks, run by the Python that trains, in the user's checkout.
+
+Started by `layoutsearch.megatron.checkout_check` as
+
+    <megatron.python> checkout_worker.py <checkout>
+
+this file imports the standard library and the checkout's `megatron.training.arguments`
+(`megatron.arguments` before Megatron-LM moved it), never layoutsearch: the Python that
+trains may not have layoutsearch installed. It does what `initialize_megatron` does before
+touching a GPU: `parse_args()` on the command's flags, then `validate_args(args,
+{'tokenizer_type': 'GPT2BPETokenizer'})`, the defaults `pretrain_gpt.py` passes.
+
+Its first line on stdout says whether the module imported:
+    {"ready": true, "module": "/…/megatron/training/arguments.py"}
+    {"ready": false, "message": "ModuleNotFoundError: No module named 'torch'"}
+Then it reads one request a line on stdin,
+    {"argv": ["--num-layers", "40", …], "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+     "world_size": 64}
+and answers each with one line,
+    {"outcome": "passed" | "rejected" | "unchecked", "stage": "parse_args" | …,
+     "message": "…"}
+Everything Megatron-LM prints goes to stderr, so that stdout carries the answers alone.
+"""
+
+import contextlib
+import importlib
+import io
+import json
+import os
+import sys
+import traceback
+
+MODULES = ("megatron.training.arguments", "megatron.arguments")
+"""Where Megatron-LM keeps parse_args and validate_args: since 2024, and before."""
+PRETRAIN_GPT_DEFAULTS = {"tokenizer_type": "GPT2BPETokenizer"}
+"""`args_defaults` of pretrain_gpt.py's `pretrain(...)` call, which validate_args applies."""
+MEGATRON_FOLDER = os.sep + "megatron" + os.sep
+"""A traceback frame in a file under a `megatron/` folder is Megatron-LM's own code (the
+checkout's, or an installed megatron-core): an exception raised there is one of its rules."""
+
+
+def _describe(error):
+    return f"{type(error).__name__}: {error}".strip().rstrip(":")
+
+
+def _last_line(text):
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _verdict(error, stage, printed):
+    """What an exception raised by parse_args or validate_args says about the command."""
+    if isinstance(error, SystemExit):
+        # argparse's error() (an unknown flag, a bad choice) and validate_args' exit() for
+        # removed flags both end the process; what they printed last says why.
+        return {"outcome": "rejected", "stage": stage,
+                "message": _last_line(printed) or f"exited with status {error.code}"}
+    frames = traceback.extract_tb(error.__traceback__)
+    where = frames[-1] if frames else None
+    at = f" ({where.filename}:{where.lineno})" if where else ""
+    ours = where is not None and MEGATRON_FOLDER in where.filename and not isinstance(
+        error, ImportError)
+    # An exception from torch or a missing package (a CUDA query on a machine without a
+    # GPU) says nothing of the command: the check could not be made here.
+    return {"outcome": "rejected" if ours else "unchecked", "stage": stage,
+            "message": _describe(error) + at}
+
+
+def _check(parse_args, validate_args, request):
+    saved_env, saved_argv = dict(os.environ), sys.argv
+    os.environ.update({str(k): str(v) for k, v in request.get("env", {}).items()})
+    # torchrun's variables for rank 0, which parse_args reads (args.rank, args.world_size).
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(request["world_size"]))
+    sys.argv = ["pretrain_gpt.py", *request["argv"]]
+    printed = io.StringIO()
+    stage = "parse_args"
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            args = parse_args(None, False)
+            stage = "validate_args"
+            validate_args(args, dict(PRETRAIN_GPT_DEFAULTS))
+        return {"outcome": "passed", "stage": stage, "message": ""}
+    except (Exception, SystemExit) as error:
+        return _verdict(error, stage, printed.getvalue())
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.argv = saved_argv
+        sys.stderr.write(printed.getvalue())
+
+
+def _import_checks():
+    """parse_args, validate_args and the module's file; or the reason they did not import."""
+    for name in MODULES:
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                module = importlib.import_module(name)
+            found = (module.parse_args, module.validate_args, module.__file__)
+        except ModuleNotFoundError as error:
+            missing = error.name or ""
+            if missing and (name == missing or name.startswith(missing + ".")):
+                continue  # not where this version keeps it: try the next place
+            return None, _describe(error)  # a package it needs (torch) is not installed
+        except (Exception, SystemExit) as error:
+            return None, _describe(error)
+        return found, ""
+    return None, f"neither {' nor '.join(MODULES)} is in the checkout"
+
+
+def main():
+    checkout = os.path.abspath(sys.argv[1])
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # what Megatron-LM prints to the process's stdout reaches stderr
+    sys.path.insert(0, checkout)  # as `python pretrain_gpt.py` in the checkout has it
+    os.chdir(checkout)
+    found, reason = _import_checks()
+    if found is None:
+        answers.write(json.dumps({"ready": False, "message": reason}) + "\n")
+        return
+    parse_args, validate_args, module_file = found
+    answers.write(json.dumps({"ready": True, "module": module_file}) + "\n")
+    for line in sys.stdin:
+        if line.strip():
+            answers.write(json.dumps(_check(parse_args, validate_args, json.loads(line))) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""The checkout's own parse_args and validate_args, asked of each command before it is launched
+or written (layoutsearch/megatron/checkout_check.py, checkout_worker.py).
+
+The checkouts here are folders with a `megatron/training/arguments.py` written by the test:
+real argparse parsers and `assert` rules shaped as Megatron-LM's (its parse_args reads RANK
+and WORLD_SIZE, its validate_args prints, asserts, and exit()s on a removed flag).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.megatron.args import MegatronCommand
+from layoutsearch.megatron.checkout_check import CheckoutCheck
+from layoutsearch.megatron.settings import MegatronSettings
+from tests.checkouts import write_checkout
+
+ARGUMENTS = '''
+import argparse
+import os
+
+with open("imports.log", "a") as log:  # in the checkout: the worker runs there
+    log.write("imported\\n")
+
+
+def parse_args(extra_args_provider=None, ignore_unknown_args=False):
+    parser = argparse.ArgumentParser(description="Megatron-LM Arguments", allow_abbrev=False)
+    parser.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    parser.add_argument("--num-attention-heads", type=int, default=8)
+    parser.add_argument("--checkpoint-activations", action="store_true")
+    parser.add_argument("--tokenizer-type", default=None)
+    args = parser.parse_args()
+    args.rank = int(os.getenv("RANK", "0"))
+    args.world_size = int(os.getenv("WORLD_SIZE", "1"))
+    print("WARNING: The MSC feature is disabled.")
+    return args
+
+
+def validate_args(args, defaults={}):
+    for key in defaults:
+        if getattr(args, key, None) is None:
+            setattr(args, key, defaults[key])
+    print("using world size:", args.world_size)
+    assert args.world_size % args.tensor_model_parallel_size == 0, (
+        f"world size ({args.world_size}) is not divisible by tensor model parallel size "
+        f"({args.tensor_model_parallel_size})")
+    if args.checkpoint_activations:
+        print("--checkpoint-activations is no longer valid, use --recompute-activations")
+        exit()
+    if args.tensor_model_parallel_size > 1:
+        assert os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1", (
+            "Using tensor model parallelism requires setting CUDA_DEVICE_MAX_CONNECTIONS to 1")
+    assert args.tokenizer_type == "GPT2BPETokenizer", args.tokenizer_type
+    print("------------------------ arguments ------------------------")
+'''
+
+
+def checkout(tmp_path: Path, arguments: str = ARGUMENTS,
+             module: str = "megatron/training/arguments.py") -> Path:
+    return write_checkout(tmp_path / "Megatron-LM", arguments, module)
+
+
+def settings(folder: Path, validate_args: bool | str = "auto") -> MegatronSettings:
+    return MegatronSettings(megatron_path=str(folder), python=sys.executable,
+                            validate_args=validate_args)
+
+
+def command(*argv: str, num_gpus: int = 8) -> MegatronCommand:
+    return MegatronCommand(argv=argv, num_gpus=num_gpus)
+
+
+def test_a_command_the_checkout_accepts_passes_and_its_prints_do_not_garble_the_answer(
+        tmp_path):
+    with CheckoutCheck(settings(checkout(tmp_path))) as check:
+        verdict = check.verdict(command("--tensor-model-parallel-size", "2"),
+                                {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+        assert check.module == str(tmp_path / "Megatron-LM/megatron/training/arguments.py")
+    assert (verdict.outcome, verdict.stage, verdict.message) == ("passed", "validate_args", "")
+
+
+def test_a_rule_of_validate_args_rejects_with_its_message_and_line(tmp_path):
+    with CheckoutCheck(settings(checkout(tmp_path))) as check:
+        verdict = check.verdict(command("--tensor-model-parallel-size", "3"), {})
+    assert (verdict.outcome, verdict.stage) == ("rejected", "validate_args")
+    assert verdict.message.startswith(
+        "AssertionError: world size (8) is not divisible by tensor model parallel size (3) (")
+    rule = next(n for n, line in enumerate(ARGUMENTS.splitlines(), 1)
+                if "assert args.world_size %" in line)
+    assert verdict.message.endswith(f"megatron/training/arguments.py:{rule})")
+
+
+def test_world_size_and_environment_are_the_commands_and_each_check_starts_clean(tmp_path):
+    """The environment of one command does not leak into the next one's check."""
+    tp2 = command("--tensor-model-parallel-size", "2", num_gpus=16)
+    with CheckoutCheck(settings(checkout(tmp_path))) as check:
+        first = check.verdict(tp2, {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+        second = check.verdict(tp2, {})
+        odd = check.verdict(command("--tensor-model-parallel-size", "2", num_gpus=6),
+                            {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+    assert first.outcome == "passed"
+    assert second.outcome == "rejected"
+    assert "requires setting CUDA_DEVICE_MAX_CONNECTIONS to 1" in second.message
+    assert odd.outcome == "passed"  # 6 GPUs divide by tp 2: WORLD_SIZE is the command's
+
+
+def test_a_flag_the_checkout_does_not_know_is_rejected_by_parse_args(tmp_path):
+    """An older checkout than the commands' (no --attention-backend before 2025)."""
+    with CheckoutCheck(settings(checkout(tmp_path))) as check:
+        verdict = check.verdict(command("--attention-backend", "flash"), {})
+    assert (verdict.outcome, verdict.stage) == ("rejected", "parse_args")
+    assert verdict.message == ("pretrain_gpt.py: error: unrecognized arguments: "
+                               "--attention-backend flash")
+
+
+def test_a_removed_flag_that_validate_args_exits_on_is_rejected_with_what_it_printed(
+        tmp_path):
+    with CheckoutCheck(settings(checkout(tmp_path))) as check:
+        verdict = check.verdict(command("--checkpoint-activations"), {})
+    assert (verdict.outcome, verdict.stage) == ("rejected", "validate_args")
+    assert verdict.message == ("--checkpoint-activations is no longer valid, use "
+                               "--recompute-activations")
+
+
+def test_one_process_imports_megatron_once_for_many_commands_and_answers_are_kept(tmp_path):
+    folder = checkout(tmp_path)
+    with CheckoutCheck(settings(folder)) as check:
+        for tp in ("1", "2", "4", "1"):
+            check.verdict(command("--tensor-model-parallel-size", tp),
+                          {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+        check.close()
+        again = check.verdict(command("--tensor-model-parallel-size", "2"),
+                              {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})  # kept: no new process
+        assert again.outcome == "passed"
+        assert (folder / "imports.log").read_text() == "imported\n"
+        check.verdict(command("--tensor-model-parallel-size", "8"),
+                      {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+    assert (folder / "imports.log").read_text() == "imported\n" * 2  # a new command, anew
+
+
+def test_a_checkout_of_before_2024_keeps_its_arguments_module_in_megatron(tmp_path):
+    folder = checkout(tmp_path, module="megatron/arguments.py")
+    assert settings(folder).checks_in_checkout
+    with CheckoutCheck(settings(folder)) as check:
+        verdict = check.verdict(command("--tensor-model-parallel-size", "3"), {})
+        assert check.module == str(folder / "megatron/arguments.py")
+    assert verdict.outcome == "rejected"
+
+
+def test_auto_asks_nothing_where_the_checkout_has_no_arguments_module_and_false_never(
+        tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    assert CheckoutCheck(settings(bare)).verdict(command(), {}) is None
+    folder = checkout(tmp_path)
+    assert CheckoutCheck(settings(folder, validate_args=False)).verdict(command(), {}) is None
+    assert not (folder / "imports.log").exists()
+
+
+def test_without_torch_where_it_runs_auto_says_so_once_and_true_stops(tmp_path, capsys):
+    folder = checkout(tmp_path, "import torch_that_is_not_installed\n" + ARGUMENTS)
+    with CheckoutCheck(settings(folder)) as check:
+        first = check.verdict(command("--tensor-model-parallel-size", "1"), {})
+        check.verdict(command("--tensor-model-parallel-size", "2"), {})
+    assert first.outcome == "unchecked"
+    assert first.message == ("megatron.python cannot import it: ModuleNotFoundError: No module "
+                             "named 'torch_that_is_not_installed'")
+    said = capsys.readouterr().err
+    assert said.count("note: the commands are not checked by Megatron-LM in") == 1
+    with pytest.raises(LayoutSearchError, match=r"megatron.validate_args=true: Megatron-LM in "
+                       r".* could not check the command with its own validate_args: "
+                       r"megatron.python cannot import it: ModuleNotFoundError"):
+        CheckoutCheck(settings(folder, validate_args=True)).verdict(command(), {})
+
+
+def test_an_exception_from_outside_megatron_leaves_the_command_unchecked(tmp_path):
+    """validate_args querying the GPU on a machine without one fails in torch, not in a rule."""
+    folder = checkout(tmp_path, ARGUMENTS.replace(
+        "def validate_args(args, defaults={}):\n",
+        "def validate_args(args, defaults={}):\n    import cuda_query; cuda_query.arch()\n"))
+    (folder / "cuda_query.py").write_text(
+        "def arch():\n    raise RuntimeError('Found no NVIDIA driver on your system.')\n")
+    with CheckoutCheck(settings(folder)) as check:
+        verdict = check.verdict(command(), {})
+    assert verdict.outcome == "unchecked"
+    assert verdict.message.startswith("RuntimeError: Found no NVIDIA driver on your system. (")
+
+
+def test_a_check_past_its_time_limit_is_unchecked_and_its_process_stopped(tmp_path):
+    folder = checkout(tmp_path, ARGUMENTS.replace(
+        "def validate_args(args, defaults={}):\n",
+        "def validate_args(args, defaults={}):\n    import time; time.sleep(60)\n"))
+    with CheckoutCheck(settings(folder), check_timeout_s=1.0) as check:
+        verdict = check.verdict(command(), {})
+        assert check._process is None
+    assert verdict.outcome == "unchecked"
+    assert verdict.message == (f"{sys.executable} checkout_worker.py took over 1 s to check a "
+                               "command")
+
+
+def test_a_python_that_does_not_start_leaves_it_unchecked(tmp_path):
+    folder = checkout(tmp_path)
+    missing = MegatronSettings(megatron_path=str(folder), python=str(tmp_path / "no-python"))
+    verdict = CheckoutCheck(missing).verdict(command(), {})
+    assert verdict.outcome == "unchecked"
+    assert verdict.message.startswith(f"megatron.python={str(tmp_path / 'no-python')!r} did not "
+                                      "start: [Errno 2] No such file or directory")
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_validate_args_setting_is_auto_true_or_false(value):
+    with pytest.raises(LayoutSearchError,
+                       match=rf"megatron.validate_args={value!r}: must be auto, true or false"):
+        MegatronSettings(validate_args=value)
