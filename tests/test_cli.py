@@ -251,9 +251,10 @@ def test_help_lists_exactly_the_config_groups(tmp_path: Path, run_layoutsearch: 
     # Below a setting of one value, or a field no spec has: Hydra would stop with status 1
     # ('Key ... is not in struct') or, below search_spaces.tp, a traceback from omegaconf.
     ("megatron.log_dir=.", "megatron.log_dir: megatron holds one value, not settings of its "
-                           "own (the name or YAML path of Megatron-LM settings; set their "
-                           "fields in that file, or as cost_models.megatron.<field> with "
-                           "cost_models=measured); set megatron=..."),
+                           "own (the name or YAML path of Megatron-LM settings, or a mapping "
+                           "of them: 'megatron={log_dir:...}' sets log_dir and leaves the "
+                           "other fields at their defaults; to keep a file's, set it in a "
+                           "copy of that file); set megatron=..."),
     ("num_gpus.x=1", "num_gpus.x: num_gpus holds one value, not settings of its own; "
                      "set num_gpus=..."),
     ("search_spaces.tp.x=1", "search_spaces.tp.x: search_spaces.tp holds one value, not "
@@ -267,11 +268,21 @@ def test_unknown_settings_name_the_closest_valid_one(override: str, message: str
         check_group_choices([override])
 
 
+def test_a_field_below_the_name_of_megatron_settings_says_how_to_set_it() -> None:
+    # Hydra would stop with "Key 'validate_args' is not in struct".
+    with pytest.raises(LayoutSearchError, match=re.escape(
+            "cost_models.megatron.validate_args: cost_models.megatron holds one value "
+            "(cost_models=measured sets 'megatron'), not settings of its own (the name or YAML "
+            "path of Megatron-LM settings, or a mapping of them: "
+            "'cost_models.megatron={validate_args:...}' sets validate_args")):
+        check_group_choices(["cost_models=measured", "cost_models.megatron.validate_args=false"])
+
+
 def test_known_and_added_settings_pass_the_check() -> None:
     check_group_choices(["num_gpus=128", "model.vocab_size=32000", "cluster.gpu.memory_gib=94",
                          "search_spaces.tp=[1,2]", "hydra.job.chdir=false", "top_k=3",
                          "cost_models=measured", "cost_models.top_k=8",
-                         "cost_models.megatron.log_dir=."])
+                         "cost_models.megatron={log_dir:.}"])
 
 
 def test_hydra_config_groups_are_left_to_hydra(tmp_path: Path, run_layoutsearch: Command) -> None:

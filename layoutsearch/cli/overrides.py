@@ -164,7 +164,18 @@ def check_setting_key(override: Override, group: str, chosen: Mapping[str, Seque
     key = override.key_or_group
     if not key.startswith(f"{group}.") or override.type is OverrideType.DEL:
         return
-    name = key.split(".", 1)[1].split(".")[0]
+    name, *below = key.split(".")[1:]
+    if below:
+        # Below a setting that holds one value (cost_models.megatron, a name): Hydra would
+        # stop with "Key ... is not in struct".
+        for option in chosen:
+            value = _node(group, option, [name], extra)
+            if value is not ABSENT and not isinstance(value, dict):
+                hint = (_megatron_fields_hint(f"{group}.{name}", below[0])
+                        if name == "megatron" else "")
+                raise LayoutSearchError(
+                    f"{key}: {group}.{name} holds one value ({group}={option} sets "
+                    f"{value!r}), not settings of its own{hint}; set {group}.{name}=...")
     lacking = [option for option, keys in chosen.items() if name not in keys]
     if not lacking:
         return
@@ -330,6 +341,14 @@ def check_key(override: Override, known: Mapping[str, list[str]]) -> None:
         raise LayoutSearchError(unknown_name_message(where, name, known[parent]) + hint)
 
 
+def _megatron_fields_hint(setting: str, field: str) -> str:
+    """How to set one field of Megatron-LM settings from the command line: Hydra cannot
+    reach below a setting that holds a name, so the fields go in as a mapping."""
+    return (f" (the name or YAML path of Megatron-LM settings, or a mapping of them: "
+            f"'{setting}={{{field}:...}}' sets {field} and leaves the other fields at their "
+            f"defaults; to keep a file's, set it in a copy of that file)")
+
+
 def _check_nesting(key: str, known: Mapping[str, list[str]]) -> None:
     """Reject a key below a setting that holds one value (`megatron.log_dir=.`,
     `search_spaces.tp.x=1`) or below a field a spec does not have (`model.foo.bar=1`):
@@ -340,9 +359,8 @@ def _check_nesting(key: str, known: Mapping[str, list[str]]) -> None:
     if len(segments) < 2:
         return
     if segments[0] not in GROUP_DIRS:
-        hint = (" (the name or YAML path of Megatron-LM settings; set their fields in that "
-                "file, or as cost_models.megatron.<field> with cost_models=measured)"
-                if segments[0] == "megatron" else "")
+        hint = _megatron_fields_hint(segments[0], segments[1]) if segments[0] == "megatron" \
+            else ""
         raise LayoutSearchError(f"{key}: {segments[0]} holds one value, not settings of its "
                                 f"own{hint}; set {segments[0]}=...")
     node = segments[0]

@@ -279,8 +279,9 @@ class MeasuredCostModel:
             raise LayoutSearchError(
                 f"cost_models=measured cannot launch: {where} does not take the command's "
                 f"flags ({verdict.message}); layoutsearch writes those of Megatron-LM main "
-                f"(2025-2026). Use such a checkout, or set megatron.validate_args=false to "
-                f"launch anyway. Nothing was launched; {self._what_the_file_keeps()}")
+                f"(2025-2026). Use such a checkout, or set validate_args: false in the "
+                f"Megatron-LM settings to launch anyway. Nothing was launched; "
+                f"{self._what_the_file_keeps()}")
         return f"not measured: {where} rejects the command: {verdict}"
 
     def _runs_otherwise(self, command: MegatronCommand, row: Mapping[str, Any]) -> list[str]:

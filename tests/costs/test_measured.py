@@ -1342,7 +1342,7 @@ def test_a_checkout_that_does_not_take_the_flags_stops_the_search_before_a_launc
             rf"^cost_models=measured cannot launch: Megatron-LM in {folder} does not take the "
             r"command's flags \(pretrain_gpt.py: error: unrecognized arguments: --num-layers "
             r"40 .*\); layoutsearch writes those of Megatron-LM main \(2025-2026\). Use such a "
-            r"checkout, or set megatron.validate_args=false to launch anyway. Nothing was "
-            r"launched; no run is recorded in .*measurements.csv yet$")):
+            r"checkout, or set validate_args: false in the Megatron-LM settings to launch "
+            r"anyway. Nothing was launched; no run is recorded in .*measurements.csv yet$")):
         layoutsearch.search(cost_model=model, **JOB)
     assert launches(tmp_path) == []
