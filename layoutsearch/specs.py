@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -82,6 +82,16 @@ def _require_positive_number(owner: str, name: str, value: Any) -> None:
     if (isinstance(value, bool) or not isinstance(value, numbers.Real)
             or not 0 < float(value) < math.inf):
         raise LayoutSearchError(f"{_key(owner, name)}={value!r}: must be a finite positive number")
+
+
+def _compute_capability(owner: str, value: Any) -> tuple[int, int]:
+    if (isinstance(value, str) or not isinstance(value, Sequence) or len(value) != 2
+            or not all(isinstance(part, numbers.Integral) and not isinstance(part, bool)
+                       and 0 <= int(part) < 100 for part in value)):
+        raise LayoutSearchError(
+            f"{_key(owner, 'compute_capability')}={value!r}: must be [major, minor], two "
+            "integers as torch.cuda.get_device_capability() gives them (A100: [8, 0])")
+    return int(value[0]), int(value[1])
 
 
 Spec = TypeVar("Spec", "ModelSpec", "ClusterSpec")
@@ -272,6 +282,11 @@ class GPUSpec:
     """HBM bandwidth, GB/s (A100 80GB: 2039)."""
     supports_flash3: bool = False
     """FlashAttention 3 needs Hopper (sm90) instructions."""
+    compute_capability: tuple[int, int] | None = None
+    """CUDA compute capability, (major, minor) as torch.cuda reports it (A100 (8, 0), H100
+    and H200 (9, 0)): what Megatron-LM's validate_args asks of the GPU, which the checkout's
+    own check answers with on a machine without one (megatron/checkout_check.py). None:
+    not known, and such a check of a tp or cp > 1 command needs the GPU itself."""
 
     def __post_init__(self) -> None:
         _require_name("gpu", self.name)
@@ -279,6 +294,10 @@ class GPUSpec:
         for name in ("peak_tflops", "memory_gib", "memory_bandwidth_gbps"):
             _require_positive_number(owner, name, getattr(self, name))
         _require_bool(owner, "supports_flash3", self.supports_flash3)
+        if self.compute_capability is not None:
+            # YAML gives a list; a frozen spec keeps a tuple (hashable, as the key of a check).
+            object.__setattr__(self, "compute_capability",
+                               _compute_capability(owner, self.compute_capability))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -101,8 +101,8 @@ def test_definitions_from_dicts_name_their_mistakes() -> None:
     # A catalog name where the GPU's figures belong: the value is named, not dropped.
     with pytest.raises(LayoutSearchError, match=re.escape(
             "cluster 'c'.gpu='a100_80gb': must be a mapping of the GPU's fields (name, "
-            "peak_tflops, memory_gib, memory_bandwidth_gbps, supports_flash3); copy the gpu "
-            "block of a catalog cluster")):
+            "peak_tflops, memory_gib, memory_bandwidth_gbps, supports_flash3, "
+            "compute_capability); copy the gpu block of a catalog cluster")):
         cluster_from_dict({"name": "c", "gpu": "a100_80gb", "intra_node_bandwidth_gbps": 1,
                            "inter_node_bandwidth_gbps": 1})
     with pytest.raises(LayoutSearchError, match=r"^gpu 'g'\.peak_tflops=0: must be a finite "

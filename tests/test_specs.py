@@ -188,11 +188,21 @@ def test_unset_command_fields_stay_out_of_the_job_columns() -> None:
     ("supports_flash3", 1, "must be true or false"),
     ("peak_tflops", math.inf, "must be a finite positive number"),  # every MFU 0
     ("memory_gib", float("1e400"), "must be a finite positive number"),  # every layout fits
+    ("compute_capability", "8.0", r"must be \[major, minor\], two integers"),
+    ("compute_capability", [9], r"must be \[major, minor\], two integers"),
+    ("compute_capability", [9, True], r"must be \[major, minor\], two integers"),
 ])
 def test_gpu_fields_name_the_field_value_and_rule(field: str, value: object, rule: str) -> None:
     gpu = load_cluster("a100_80gb").gpu
     with pytest.raises(LayoutSearchError, match=f"gpu 'a100_80gb'.{field}=.*: {rule}"):
         dataclasses.replace(gpu, **{field: value})
+
+
+def test_a_gpus_compute_capability_is_kept_as_a_pair_of_integers() -> None:
+    # As YAML gives it; a tuple keys the checkout's checks (megatron/checkout_check.py).
+    gpu = dataclasses.replace(load_cluster("a100_80gb").gpu, compute_capability=[8, 6])
+    assert gpu.compute_capability == (8, 6)
+    assert load_cluster("h200").gpu.compute_capability == (9, 0)
 
 
 @pytest.mark.parametrize("spec", ["model", "gpu", "cluster"])

@@ -99,6 +99,9 @@ class MegatronCommand:
     as asked (FLASH3_PACKAGE for flash3), which no flag or environment variable can ask for."""
     num_gpus: int = 1
     gpus_per_node: int = 8
+    compute_capability: tuple[int, int] | None = None
+    """The job's GPU's CUDA compute capability (GPUSpec), which validate_args asks torch for:
+    the checkout's own check answers with it on a machine without that GPU."""
 
     @property
     def nodes(self) -> int:
@@ -346,6 +349,7 @@ def build_command(layout: Layout, job: Job,
         argv=tuple(argv), env={**env, **settings.env}, notes=tuple(notes),
         requires=(FLASH3_PACKAGE,) if layout.attention == "flash3" else (),
         num_gpus=job.num_gpus, gpus_per_node=job.cluster.gpus_per_node,
+        compute_capability=job.cluster.gpu.compute_capability,
     )
 
 

@@ -85,7 +85,8 @@ class CheckoutCheck:
         said once and the command counts as unchecked."""
         if not self.settings.checks_in_checkout:
             return None
-        key = (command.argv, tuple(sorted(env.items())), command.num_gpus)
+        key = (command.argv, tuple(sorted(env.items())), command.num_gpus,
+               command.compute_capability)
         if key not in self._verdicts:
             self._verdicts[key] = self._ask(command, env)
         verdict = self._verdicts[key]
@@ -98,8 +99,9 @@ class CheckoutCheck:
                     "with layoutsearch's copy of its rules")
             if not self._told_unchecked:
                 self._told_unchecked = True
-                say(f"note: the commands are not checked by {self.where}'s own validate_args "
-                    f"({verdict.message}); layoutsearch's copy of its rules checks them")
+                say(f"note: {self.where} could not check a command with its own "
+                    f"validate_args ({verdict.message}); layoutsearch's copy of its rules "
+                    "checks such commands")
         return verdict
 
     def _ask(self, command: MegatronCommand, env: Mapping[str, str]) -> Verdict:
@@ -107,7 +109,8 @@ class CheckoutCheck:
             self._start()
         if self._broken:
             return Verdict("unchecked", self._broken)
-        request = {"argv": list(command.argv), "env": dict(env), "world_size": command.num_gpus}
+        request = {"argv": list(command.argv), "env": dict(env), "world_size": command.num_gpus,
+                   "compute_capability": command.compute_capability}
         answer = self._exchange(request)
         if answer is None:
             return Verdict("unchecked", self._broken)

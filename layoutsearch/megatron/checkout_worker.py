@@ -15,7 +15,7 @@ Its first line on stdout says whether the module imported:
     {"ready": false, "message": "ModuleNotFoundError: No module named 'torch'"}
 Then it reads one request a line on stdin,
     {"argv": ["--num-layers", "40", …], "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
-     "world_size": 64}
+     "world_size": 64, "compute_capability": [8, 0]}
 and answers each with one line,
     {"outcome": "passed" | "rejected" | "unchecked", "stage": "parse_args" | …,
      "message": "…"}
@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import traceback
+import types
 
 MODULES = ("megatron.training.arguments", "megatron.arguments")
 """Where Megatron-LM keeps parse_args and validate_args: since 2024, and before."""
@@ -66,6 +67,29 @@ def _verdict(error, stage, printed):
             "message": _describe(error) + at}
 
 
+@contextlib.contextmanager
+def _gpu_of_the_command(capability):
+    """validate_args asks torch which GPU it runs on: with tp or cp > 1, before Blackwell
+    (compute capability 10), it requires CUDA_DEVICE_MAX_CONNECTIONS=1. On a machine without
+    a GPU, the command's own GPU answers: torch.cuda's capability and properties give its
+    compute capability while the command is checked. With a GPU here, or none given, torch
+    answers as it would."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if capability is None or cuda is None or cuda.is_available():
+        yield
+        return
+    major, minor = capability
+    saved = cuda.get_device_capability, cuda.get_device_properties
+    cuda.get_device_capability = lambda device=None: (major, minor)
+    cuda.get_device_properties = lambda device=None: types.SimpleNamespace(
+        major=major, minor=minor, name=f"the command's GPU (sm{major}{minor})")
+    try:
+        yield
+    finally:
+        cuda.get_device_capability, cuda.get_device_properties = saved
+
+
 def _check(parse_args, validate_args, request):
     saved_env, saved_argv = dict(os.environ), sys.argv
     os.environ.update({str(k): str(v) for k, v in request.get("env", {}).items()})
@@ -75,7 +99,8 @@ def _check(parse_args, validate_args, request):
     printed = io.StringIO()
     stage = "parse_args"
     try:
-        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed), \
+                _gpu_of_the_command(request.get("compute_capability")):
             args = parse_args(None, False)
             stage = "validate_args"
             validate_args(args, dict(PRETRAIN_GPT_DEFAULTS))

@@ -19,9 +19,22 @@ from layoutsearch.megatron.checkout_check import CheckoutCheck
 from layoutsearch.megatron.settings import MegatronSettings
 from tests.checkouts import write_checkout
 
+TORCH_WITHOUT_A_GPU = '''
+"""torch on a machine without a GPU, as far as validate_args asks it."""
+import types
+
+def _no_driver(*args, **kwargs):
+    raise RuntimeError("Found no NVIDIA driver on your system.")
+
+cuda = types.SimpleNamespace(is_available=lambda: False, get_device_properties=_no_driver,
+                             get_device_capability=_no_driver)
+device = str
+'''
 ARGUMENTS = '''
 import argparse
 import os
+
+import torch
 
 with open("imports.log", "a") as log:  # in the checkout: the worker runs there
     log.write("imported\\n")
@@ -51,7 +64,8 @@ def validate_args(args, defaults={}):
     if args.checkpoint_activations:
         print("--checkpoint-activations is no longer valid, use --recompute-activations")
         exit()
-    if args.tensor_model_parallel_size > 1:
+    arch = torch.cuda.get_device_properties(torch.device("cuda:0")).major
+    if args.tensor_model_parallel_size > 1 and arch < 10:
         assert os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1", (
             "Using tensor model parallelism requires setting CUDA_DEVICE_MAX_CONNECTIONS to 1")
     assert args.tokenizer_type == "GPT2BPETokenizer", args.tokenizer_type
@@ -61,7 +75,9 @@ def validate_args(args, defaults={}):
 
 def checkout(tmp_path: Path, arguments: str = ARGUMENTS,
              module: str = "megatron/training/arguments.py") -> Path:
-    return write_checkout(tmp_path / "Megatron-LM", arguments, module)
+    folder = write_checkout(tmp_path / "Megatron-LM", arguments, module)
+    (folder / "torch.py").write_text(TORCH_WITHOUT_A_GPU)
+    return folder
 
 
 def settings(folder: Path, validate_args: bool | str = "auto") -> MegatronSettings:
@@ -69,8 +85,9 @@ def settings(folder: Path, validate_args: bool | str = "auto") -> MegatronSettin
                             validate_args=validate_args)
 
 
-def command(*argv: str, num_gpus: int = 8) -> MegatronCommand:
-    return MegatronCommand(argv=argv, num_gpus=num_gpus)
+def command(*argv: str, num_gpus: int = 8,
+            compute_capability: tuple[int, int] | None = (8, 0)) -> MegatronCommand:
+    return MegatronCommand(argv=argv, num_gpus=num_gpus, compute_capability=compute_capability)
 
 
 def test_a_command_the_checkout_accepts_passes_and_its_prints_do_not_garble_the_answer(
@@ -105,6 +122,25 @@ def test_world_size_and_environment_are_the_commands_and_each_check_starts_clean
     assert second.outcome == "rejected"
     assert "requires setting CUDA_DEVICE_MAX_CONNECTIONS to 1" in second.message
     assert odd.outcome == "passed"  # 6 GPUs divide by tp 2: WORLD_SIZE is the command's
+
+
+def test_without_a_gpu_here_validate_args_is_answered_with_the_commands_gpu(tmp_path):
+    """With tp > 1, validate_args asks torch for the GPU's architecture: before Blackwell
+    (10) it needs CUDA_DEVICE_MAX_CONNECTIONS=1."""
+    tp2 = ("--tensor-model-parallel-size", "2")
+    with CheckoutCheck(settings(checkout(tmp_path))) as check:
+        ampere = check.verdict(command(*tp2), {})
+        blackwell = check.verdict(command(*tp2, compute_capability=(10, 0)), {})
+        unknown = check.verdict(command(*tp2, compute_capability=None), {})
+        after = check.verdict(command(*tp2, compute_capability=None, num_gpus=16), {})
+    assert ampere.outcome == "rejected"
+    assert "requires setting CUDA_DEVICE_MAX_CONNECTIONS to 1" in ampere.message
+    assert blackwell.outcome == "passed"
+    # No GPU named, none here: torch's own answer, which says nothing of the command.
+    assert unknown.outcome == "unchecked"
+    assert unknown.message.startswith("RuntimeError: Found no NVIDIA driver on your system. (")
+    assert unknown.message.endswith("/Megatron-LM/torch.py:6)")
+    assert after.outcome == "unchecked"  # torch.cuda was given back after each check
 
 
 def test_a_flag_the_checkout_does_not_know_is_rejected_by_parse_args(tmp_path):
@@ -169,7 +205,8 @@ def test_without_torch_where_it_runs_auto_says_so_once_and_true_stops(tmp_path, 
     assert first.message == ("megatron.python cannot import it: ModuleNotFoundError: No module "
                              "named 'torch_that_is_not_installed'")
     said = capsys.readouterr().err
-    assert said.count("note: the commands are not checked by Megatron-LM in") == 1
+    assert said.count(f"note: Megatron-LM in {folder} could not check a command with its own "
+                      "validate_args (megatron.python cannot import it: ") == 1
     with pytest.raises(LayoutSearchError, match=r"megatron.validate_args=true: Megatron-LM in "
                        r".* could not check the command with its own validate_args: "
                        r"megatron.python cannot import it: ModuleNotFoundError"):
