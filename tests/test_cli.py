@@ -576,7 +576,8 @@ def test_a_wrong_setting_value_is_named_without_a_traceback(
                                   "search_spaces=paper, not settings of its own; give a list"),
     (("cluster.gpu=[1]",), "cluster.gpu=[1]: cluster.gpu holds settings of its own in "
                            "cluster=a100_80gb (name, peak_tflops, memory_gib, "
-                           "memory_bandwidth_gbps), not a list; set them by name"),
+                           "memory_bandwidth_gbps, compute_capability), not a list; set them "
+                           "by name"),
     # A traceback: "'bool' object is not iterable".
     (("cost_models=measured", "cost_models.launcher=dry_run", "cost_models.retry=true"),
      "measured.retry=True: must be a list of the statuses to launch again"),
