@@ -35,9 +35,6 @@ MODULES = ("megatron.training.arguments", "megatron.arguments")
 """Where Megatron-LM keeps parse_args and validate_args: since 2024, and before."""
 PRETRAIN_GPT_DEFAULTS = {"tokenizer_type": "GPT2BPETokenizer"}
 """`args_defaults` of pretrain_gpt.py's `pretrain(...)` call, which validate_args applies."""
-MEGATRON_FOLDER = os.sep + "megatron" + os.sep
-"""A traceback frame in a file under a `megatron/` folder is Megatron-LM's own code (the
-checkout's, or an installed megatron-core): an exception raised there is one of its rules."""
 
 
 def _describe(error):
@@ -59,12 +56,33 @@ def _verdict(error, stage, printed):
     frames = traceback.extract_tb(error.__traceback__)
     where = frames[-1] if frames else None
     at = f" ({where.filename}:{where.lineno})" if where else ""
-    ours = where is not None and MEGATRON_FOLDER in where.filename and not isinstance(
-        error, ImportError)
-    # An exception from torch or a missing package (a CUDA query on a machine without a
-    # GPU) says nothing of the command: the check could not be made here.
+    # An exception from torch (a CUDA query on a machine without a GPU), or one for a package
+    # missing here, says nothing of the command: the check could not be made here.
+    missing_package = any(isinstance(link, ImportError) for link in _chain(error))
+    ours = _raised_in_megatron(error) and not missing_package
     return {"outcome": "rejected" if ours else "unchecked", "stage": stage,
             "message": _describe(error) + at}
+
+
+def _raised_in_megatron(error):
+    """Whether Megatron-LM's own code (the checkout's, or an installed megatron-core) raised
+    the exception: one of its rules. Told by the module of the innermost frame, `megatron` or
+    below it, not by its file's path, which may run through any folder named megatron
+    (~/megatron/venv/lib/.../torch/cuda/__init__.py)."""
+    innermost = error.__traceback__
+    if innermost is None:
+        return False
+    while innermost.tb_next is not None:
+        innermost = innermost.tb_next
+    module = str(innermost.tb_frame.f_globals.get("__name__", ""))
+    return module.split(".")[0] == "megatron"
+
+
+def _chain(error):
+    """The exception and those it was raised from or while handling (`raise ... from e`)."""
+    while error is not None:
+        yield error
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
 
 
 @contextlib.contextmanager

@@ -74,8 +74,8 @@ def validate_args(args, defaults={}):
 
 
 def checkout(tmp_path: Path, arguments: str = ARGUMENTS,
-             module: str = "megatron/training/arguments.py") -> Path:
-    folder = write_checkout(tmp_path / "Megatron-LM", arguments, module)
+             module: str = "megatron/training/arguments.py", name: str = "Megatron-LM") -> Path:
+    folder = write_checkout(tmp_path / name, arguments, module)
     (folder / "torch.py").write_text(TORCH_WITHOUT_A_GPU)
     return folder
 
@@ -224,6 +224,34 @@ def test_an_exception_from_outside_megatron_leaves_the_command_unchecked(tmp_pat
         verdict = check.verdict(command(), {})
     assert verdict.outcome == "unchecked"
     assert verdict.message.startswith("RuntimeError: Found no NVIDIA driver on your system. (")
+
+
+def test_torchs_error_is_unchecked_though_a_folder_above_it_is_named_megatron(tmp_path):
+    """~/megatron/venv/.../torch/cuda: the module that raised is torch, not Megatron-LM."""
+    folder = checkout(tmp_path, name="megatron/Megatron-LM")
+    tp2 = command("--tensor-model-parallel-size", "2", compute_capability=None)
+    with CheckoutCheck(settings(folder)) as check:
+        verdict = check.verdict(tp2, {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+    assert verdict.outcome == "unchecked"
+    assert verdict.message.endswith("/megatron/Megatron-LM/torch.py:6)")
+
+
+def test_a_rule_raised_for_a_package_missing_here_leaves_the_command_unchecked(tmp_path):
+    """Megatron-LM's `raise RuntimeError('nvidia_resiliency_ext is required ...') from e`:
+    the machine that trains may have the package."""
+    folder = checkout(tmp_path, ARGUMENTS.replace(
+        "def validate_args(args, defaults={}):\n",
+        "def validate_args(args, defaults={}):\n"
+        "    try:\n"
+        "        import nvidia_resiliency_ext\n"
+        "    except ModuleNotFoundError as e:\n"
+        "        raise RuntimeError('nvidia_resiliency_ext is required for local "
+        "checkpointing') from e\n"))
+    with CheckoutCheck(settings(folder)) as check:
+        verdict = check.verdict(command(), {})
+    assert (verdict.outcome, verdict.stage) == ("unchecked", "validate_args")
+    assert verdict.message.startswith(
+        "RuntimeError: nvidia_resiliency_ext is required for local checkpointing (")
 
 
 def test_a_check_past_its_time_limit_is_unchecked_and_its_process_stopped(tmp_path):
