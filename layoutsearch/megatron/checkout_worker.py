@@ -19,7 +19,9 @@ Then it reads one request a line on stdin,
 and answers each with one line,
     {"outcome": "passed" | "rejected" | "unchecked", "stage": "parse_args" | …,
      "message": "…"}
-Everything Megatron-LM prints goes to stderr, so that stdout carries the answers alone.
+What Megatron-LM prints while it checks a command (every argument, 34 kB) is read for the
+message and dropped; what reaches the process's stdout otherwise (C code, a subprocess) goes
+to stderr, so that stdout carries the answers alone.
 """
 
 import contextlib
@@ -129,7 +131,6 @@ def _check(parse_args, validate_args, request):
         os.environ.clear()
         os.environ.update(saved_env)
         sys.argv = saved_argv
-        sys.stderr.write(printed.getvalue())
 
 
 def _import_checks():

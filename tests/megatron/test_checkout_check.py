@@ -266,6 +266,24 @@ def test_a_check_past_its_time_limit_is_unchecked_and_its_process_stopped(tmp_pa
                                "command")
 
 
+def test_what_earlier_checks_printed_is_not_kept_nor_given_as_a_later_failures_cause(
+        tmp_path):
+    """Megatron-LM prints every argument of each command (34 kB): a search checking
+    thousands of commands kept them all in the worker's log, whose last line was quoted as
+    the reason of a later check that failed."""
+    folder = checkout(tmp_path, ARGUMENTS.replace(
+        "def validate_args(args, defaults={}):\n",
+        "def validate_args(args, defaults={}):\n"
+        "    if args.tensor_model_parallel_size == 4:\n"
+        "        import time; time.sleep(60)\n"))
+    with CheckoutCheck(settings(folder), check_timeout_s=1.0) as check:
+        first = check.verdict(command(), {})
+        hung = check.verdict(command("--tensor-model-parallel-size", "4"), {})
+    assert first.outcome == "passed"
+    assert hung.message == (f"{sys.executable} checkout_worker.py took over 1 s to check a "
+                            "command")
+
+
 def test_a_python_that_does_not_start_leaves_it_unchecked(tmp_path):
     folder = checkout(tmp_path)
     missing = MegatronSettings(megatron_path=str(folder), python=str(tmp_path / "no-python"))
