@@ -14,6 +14,7 @@ in a queue for hundreds of GPUs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -38,6 +39,8 @@ CHECK_TIMEOUT_S = 120.0
 """Seconds one parse_args + validate_args may take; milliseconds as a rule."""
 JSON_LINE_LIMIT = 1 << 20
 """Bytes of one answer line read at most (answers are a few hundred bytes)."""
+READ_BYTES = 1 << 16
+"""Bytes asked of the worker's stdout at a time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,8 @@ class CheckoutCheck:
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._broken = ""  # why the worker answers nothing more ("" while it answers)
+        self._busy = False  # it imports Megatron-LM or checks a command: an answer is to come
+        self._unread = b""  # what it wrote after the last line read
         self._verdicts: dict[tuple[Any, ...], Verdict] = {}
         self._told_unchecked = False
 
@@ -88,7 +93,13 @@ class CheckoutCheck:
         key = (command.argv, tuple(sorted(env.items())), command.num_gpus,
                command.compute_capability)
         if key not in self._verdicts:
-            self._verdicts[key] = self._ask(command, env)
+            try:
+                self._verdicts[key] = self._ask(command, env)
+            except BaseException:
+                # A Ctrl-C while the worker imports or checks: the answer on its way would
+                # be read as the next command's. The next command starts another worker.
+                self.close()
+                raise
         verdict = self._verdicts[key]
         if verdict.outcome == "unchecked":
             if self.settings.validate_args is True:
@@ -130,9 +141,18 @@ class CheckoutCheck:
         except OSError as error:
             self._broken = f"megatron.python={self.settings.python!r} did not start: {error}"
             return
-        ready = self._read_line(self.start_timeout_s, "import Megatron-LM's arguments module")
-        if ready is None:
-            return
+        self._busy = True
+        deadline = time.monotonic() + self.start_timeout_s
+        ready = None
+        while ready is None or "ready" not in ready:
+            # Lines before the worker's own (what a `python` wrapper, such as a module
+            # system's, says on stdout first) are not answers.
+            line = self._line(deadline, self.start_timeout_s,
+                              "import Megatron-LM's arguments module")
+            if line is None:
+                return
+            ready = _json_object(line)
+        self._busy = False
         if not ready.get("ready"):
             self._broken = f"megatron.python cannot import it: {ready.get('message')}"
             self.close()
@@ -140,36 +160,52 @@ class CheckoutCheck:
         self.module = str(ready.get("module", ""))
 
     def _exchange(self, request: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The worker's answer to `request`; None, with `_broken` saying why, where it
+        gives none."""
         assert self._process is not None and self._process.stdin is not None
+        self._busy = True
         try:
             self._process.stdin.write((json.dumps(request) + "\n").encode())
             self._process.stdin.flush()
         except OSError:
             self._stopped("stopped before it was asked")
             return None
-        return self._read_line(self.check_timeout_s, "check a command")
+        line = self._line(time.monotonic() + self.check_timeout_s, self.check_timeout_s,
+                          "check a command")
+        if line is None:
+            return None
+        answer = _json_object(line)
+        if answer is None:
+            self._stopped(f"answered {line[:200]!r}, not a JSON object")
+            return None
+        self._busy = False
+        return answer
 
-    def _read_line(self, timeout_s: float, doing: str) -> dict[str, Any] | None:
-        """The worker's next answer; None, with `_broken` saying why, where it exits or
-        takes longer than `timeout_s` seconds."""
+    def _line(self, deadline: float, timeout_s: float, doing: str) -> bytes | None:
+        """The worker's next line, without its newline; None, with `_broken` saying why,
+        where it exits first, or writes none by `deadline` (time.monotonic(), `timeout_s`
+        from when it began `doing` that). Read from the pipe's descriptor, so that a line
+        already read from it is never waited for: one read may bring more than a line."""
         assert self._process is not None and self._process.stdout is not None
-        deadline = time.monotonic() + timeout_s
+        pipe = self._process.stdout.fileno()
         with selectors.DefaultSelector() as selector:
-            selector.register(self._process.stdout, selectors.EVENT_READ)
-            while not selector.select(max(0.0, deadline - time.monotonic())):
-                if time.monotonic() >= deadline:
-                    self._stopped(f"took over {timeout_s:.0f} s to {doing}")
+            selector.register(pipe, selectors.EVENT_READ)
+            while b"\n" not in self._unread:
+                if len(self._unread) > JSON_LINE_LIMIT:
+                    self._stopped(f"wrote a line of over {JSON_LINE_LIMIT} bytes")
                     return None
-        line = self._process.stdout.readline(JSON_LINE_LIMIT)
-        if not line:
-            self._stopped(f"exited before it could {doing}")
-            return None
-        try:
-            answer = json.loads(line)
-        except ValueError:
-            self._stopped(f"answered {line[:200]!r}, not a JSON line")
-            return None
-        return answer if isinstance(answer, dict) else None
+                if not selector.select(max(0.0, deadline - time.monotonic())):
+                    if time.monotonic() >= deadline:
+                        self._stopped(f"took over {timeout_s:.0f} s to {doing}")
+                        return None
+                    continue
+                read = os.read(pipe, READ_BYTES)
+                if not read:
+                    self._stopped(f"exited before it could {doing}")
+                    return None
+                self._unread += read
+        line, _, self._unread = self._unread.partition(b"\n")
+        return line
 
     def _stopped(self, what: str) -> None:
         tail = self._log_tail()
@@ -187,12 +223,18 @@ class CheckoutCheck:
         return lines[-1][:300] if lines else ""
 
     def close(self) -> None:
-        """Stop the worker; a later verdict on a new command starts another (unless the
-        worker could not import Megatron-LM: that is not asked again)."""
+        """Stop the worker: at the end of its input where it waits for a command, at once
+        where its answer would come to no one. A later verdict on a new command starts
+        another (unless the worker could not import Megatron-LM: that is not asked again)."""
         process, self._process = self._process, None
+        busy, self._busy, self._unread = self._busy, False, b""
         if process is not None:
+            if busy:
+                process.kill()
             if process.stdin is not None:
-                process.stdin.close()  # the worker ends at the end of its input
+                # A worker already gone leaves a request unsent: closing retries it.
+                with contextlib.suppress(OSError):
+                    process.stdin.close()  # the worker ends at the end of its input
             try:
                 process.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -209,3 +251,12 @@ class CheckoutCheck:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _json_object(line: bytes) -> dict[str, Any] | None:
+    """The JSON object on the line; None where it holds none."""
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

@@ -8,6 +8,7 @@ and WORLD_SIZE, its validate_args prints, asserts, and exit()s on a removed flag
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -282,6 +283,85 @@ def test_what_earlier_checks_printed_is_not_kept_nor_given_as_a_later_failures_c
     assert first.outcome == "passed"
     assert hung.message == (f"{sys.executable} checkout_worker.py took over 1 s to check a "
                             "command")
+
+
+def executable(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def test_what_a_python_wrapper_says_on_stdout_before_the_worker_starts_is_passed_over(
+        tmp_path):
+    """A site's `python` (a module system's wrapper) may say something first."""
+    wrapper = executable(tmp_path / "python", f'#!/bin/sh\necho "Loading torch/2.4"\n'
+                                              f'exec {sys.executable} "$@"\n')
+    folder = checkout(tmp_path)
+    with CheckoutCheck(settings(folder).replace(python=str(wrapper))) as check:
+        verdict = check.verdict(command("--tensor-model-parallel-size", "3"), {})
+    assert (verdict.outcome, verdict.stage) == ("rejected", "validate_args")
+
+
+def test_an_answer_that_is_no_json_object_stops_the_worker_and_leaves_it_unchecked(tmp_path):
+    """A worker that writes its ready line in one piece with a line before it, then answers
+    each request with a list: the ready line is not waited for (it came with the first
+    read), and the list is no answer to read the next request's from."""
+    worker = tmp_path / "worker.py"
+    worker.write_text('import json, os, sys\n'
+                      'os.write(1, b"banner\\n" + json.dumps({"ready": True}).encode() + '
+                      'b"\\n")\n'
+                      'for line in sys.stdin:\n'
+                      '    os.write(1, b"[]\\n")\n')
+    wrapper = executable(tmp_path / "python", f"#!/bin/sh\nexec {sys.executable} {worker}\n")
+    folder = checkout(tmp_path)
+    with CheckoutCheck(settings(folder).replace(python=str(wrapper)),
+                       start_timeout_s=5.0) as check:
+        verdict = check.verdict(command(), {})
+        assert check._process is None
+    assert verdict.outcome == "unchecked"
+    assert verdict.message == f"{wrapper} checkout_worker.py answered b'[]', not a JSON object"
+
+
+def test_a_worker_gone_before_a_command_leaves_it_unchecked(tmp_path):
+    """Killed between two commands (by the out-of-memory killer, say): the request it can
+    no longer read is not the search's error."""
+    with CheckoutCheck(settings(checkout(tmp_path))) as check:
+        check.verdict(command(), {})
+        worker = check._process
+        worker.kill()
+        worker.wait()
+        verdict = check.verdict(command("--tensor-model-parallel-size", "2"), {})
+    assert verdict.outcome == "unchecked"
+    assert verdict.message == (f"{sys.executable} checkout_worker.py stopped before it was "
+                               "asked")
+
+
+def test_a_ctrl_c_during_a_check_stops_its_worker_and_the_next_command_gets_its_own_answer(
+        tmp_path):
+    folder = checkout(tmp_path, ARGUMENTS.replace(
+        "def validate_args(args, defaults={}):\n",
+        "def validate_args(args, defaults={}):\n"
+        "    if args.tensor_model_parallel_size == 3:\n"
+        "        import time; time.sleep(2)\n"))
+
+    def ctrl_c(*_):
+        raise KeyboardInterrupt
+
+    with CheckoutCheck(settings(folder)) as check:
+        check.verdict(command(), {})
+        worker = check._process
+        handler = signal.signal(signal.SIGALRM, ctrl_c)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.5)
+            with pytest.raises(KeyboardInterrupt):
+                check.verdict(command("--tensor-model-parallel-size", "3"), {})
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, handler)
+        assert worker.poll() is not None  # stopped and reaped, not left checking
+        after = check.verdict(command("--tensor-model-parallel-size", "2"),
+                              {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+    assert after.outcome == "passed"
 
 
 def test_a_python_that_does_not_start_leaves_it_unchecked(tmp_path):
