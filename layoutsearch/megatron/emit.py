@@ -176,12 +176,19 @@ def _check_in_checkout(chosen: Iterable[tuple[int, dict[str, Any], MegatronComma
     with CheckoutCheck(settings) as check:
         verdicts = [(rank, row, check.verdict(command, command.env))
                     for rank, row, command, _ in chosen]
+    anyway = "set validate_args: false in the Megatron-LM settings to write the scripts anyway"
     for rank, row, verdict in verdicts:
         if verdict is not None and verdict.outcome == "rejected":
+            # A flag or value the checkout does not take is its version's: every command
+            # would fail alike.
+            advice = (f"it does not take the flags layoutsearch writes, those of Megatron-LM "
+                      f"main (2025-2026): use such a checkout, or {anyway}"
+                      if verdict.stage == "parse_args" else
+                      f"leave such layouts out (pin a knob), or {anyway}")
             raise LayoutSearchError(
                 f"no launch scripts written: {check.where} rejects the command of rank {rank} "
                 f"({Layout.from_row(row).describe()}), which layoutsearch's copy of its rules "
-                f"passes: {verdict}")
+                f"passes: {verdict}; {advice}")
     passed = sum(verdict is not None and verdict.outcome == "passed" for *_, verdict in verdicts)
     if passed:
         say(f"{check.where} ({check.module}): its parse_args and validate_args pass the "

@@ -18,7 +18,7 @@ from layoutsearch.megatron.checks import SET_FROM, rejection
 from layoutsearch.megatron.validation import argument_parser
 from layoutsearch.results import COMMAND_REJECTED, job_of
 from layoutsearch.specs import Job
-from tests.checkouts import MICRO_BATCH_1_ONLY, write_checkout
+from tests.checkouts import KNOWS_NO_FLAG, MICRO_BATCH_1_ONLY, write_checkout
 
 JOB = dict(model="llama_13b", num_gpus=64, seq_length=2048, global_batch_size=2048)
 
@@ -278,6 +278,24 @@ def test_launch_scripts_are_checked_by_the_checkouts_own_validate_args(tmp_path,
             rf"^no launch scripts written: Megatron-LM in {folder} rejects the command of rank "
             r"1 \(tp\d pp\d dp\d+ mb2 .*\), which layoutsearch's copy of its rules passes: "
             r"validate_args: AssertionError: this checkout trains micro-batch 1 only, got 2 "
-            r"\(.*/megatron/training/arguments.py:\d+\)$")):
+            r"\(.*/megatron/training/arguments.py:\d+\); leave such layouts out \(pin a "
+            r"knob\), or set validate_args: false in the Megatron-LM settings to write the "
+            r"scripts anyway$")):
         write_launch_scripts(mb2, job, tmp_path / "out2", top_k=3, settings=settings)
     assert not (tmp_path / "out2").exists()
+
+
+def test_launch_scripts_for_a_checkout_that_does_not_take_the_flags_say_it_is_its_version(
+        tmp_path):
+    ranked = layoutsearch.search(**JOB)
+    folder = write_checkout(tmp_path / "Megatron-LM", KNOWS_NO_FLAG)
+    settings = {"megatron_path": str(folder), "python": sys.executable}
+    with pytest.raises(LayoutSearchError, match=(
+            rf"^no launch scripts written: Megatron-LM in {folder} rejects the command of rank "
+            r"1 \(.*\), which layoutsearch's copy of its rules passes: parse_args: "
+            r"pretrain_gpt.py: error: unrecognized arguments: --num-layers 40 .*; it does not "
+            r"take the flags layoutsearch writes, those of Megatron-LM main \(2025-2026\): use "
+            r"such a checkout, or set validate_args: false in the Megatron-LM settings to "
+            r"write the scripts anyway$")):
+        write_launch_scripts(ranked, job_of(ranked, "test"), tmp_path / "out", top_k=3,
+                             settings=settings)
