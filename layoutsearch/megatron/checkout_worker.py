@@ -155,6 +155,13 @@ def main():
     checkout = os.path.abspath(sys.argv[1])
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # what Megatron-LM prints to the process's stdout reaches stderr
+    # Requests come on a descriptor of their own, stdin reads nothing: Python's exit(), which
+    # validate_args calls on a removed flag, closes sys.stdin, and no read of Megatron-LM's
+    # may take a request.
+    requests = os.fdopen(os.dup(0), "r")
+    nothing = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(nothing, 0)
+    os.close(nothing)
     sys.path.insert(0, checkout)  # as `python pretrain_gpt.py` in the checkout has it
     os.chdir(checkout)
     found, reason = _import_checks()
@@ -163,7 +170,7 @@ def main():
         return
     parse_args, validate_args, module_file = found
     answers.write(json.dumps({"ready": True, "module": module_file}) + "\n")
-    for line in sys.stdin:
+    for line in requests:
         if line.strip():
             answers.write(json.dumps(_check(parse_args, validate_args, json.loads(line))) + "\n")
 

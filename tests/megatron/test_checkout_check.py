@@ -162,6 +162,16 @@ def test_a_removed_flag_that_validate_args_exits_on_is_rejected_with_what_it_pri
                                "--recompute-activations")
 
 
+def test_the_worker_checks_on_after_validate_args_exits(tmp_path):
+    """Python's exit() closes sys.stdin before it raises SystemExit; the worker read its
+    requests from it, and died at the next one."""
+    with CheckoutCheck(settings(checkout(tmp_path))) as check:
+        check.verdict(command("--checkpoint-activations"), {})
+        after = check.verdict(command("--tensor-model-parallel-size", "3"), {})
+    assert (after.outcome, after.stage) == ("rejected", "validate_args")
+    assert after.message.startswith("AssertionError: world size (8) is not divisible")
+
+
 def test_one_process_imports_megatron_once_for_many_commands_and_answers_are_kept(tmp_path):
     folder = checkout(tmp_path)
     with CheckoutCheck(settings(folder)) as check:
