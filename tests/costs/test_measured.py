@@ -1316,12 +1316,18 @@ def test_a_hopper_search_without_flash3_says_its_flashattention_layouts_are_not_
     assert ranked["attention"].iloc[0] == "flash3" and ranked.attrs["coverage_note"] == ""
 
 
+def on_checkout(tmp_path: Path, arguments: str) -> tuple[MeasuredCostModel, Path]:
+    """A measured model on the fake Megatron-LM (top_k=3) in a checkout whose arguments
+    module is `arguments` (tests/checkouts.py), and that checkout."""
+    folder = write_checkout(tmp_path / "Megatron-LM", arguments)
+    fake = fake_measured_model(tmp_path, top_k=3)
+    return MeasuredCostModel(settings=fake.settings.replace(megatron_path=str(folder)),
+                             measurements=fake.file.path, launcher=fake.launcher,
+                             prescreen=fake.prescreen, top_k=3), folder
+
+
 def test_a_layout_the_checkouts_own_validate_args_rejects_is_not_launched(tmp_path):
-    folder = write_checkout(tmp_path / "Megatron-LM", MICRO_BATCH_1_ONLY)
-    model = fake_measured_model(tmp_path, top_k=3)
-    model = MeasuredCostModel(settings=model.settings.replace(megatron_path=str(folder)),
-                              measurements=model.file.path, launcher=model.launcher,
-                              prescreen=model.prescreen, top_k=3)
+    model, folder = on_checkout(tmp_path, MICRO_BATCH_1_ONLY)
     ranked = layoutsearch.search(cost_model=model, **JOB)
     refused = ranked[ranked["reason"].str.contains("rejects the command")]
     assert len(refused) >= 1 and (refused["micro_batch_size"] == 2).all()
@@ -1333,11 +1339,7 @@ def test_a_layout_the_checkouts_own_validate_args_rejects_is_not_launched(tmp_pa
 
 
 def test_a_checkout_that_does_not_take_the_flags_stops_the_search_before_a_launch(tmp_path):
-    folder = write_checkout(tmp_path / "Megatron-LM", KNOWS_NO_FLAG)
-    model = fake_measured_model(tmp_path, top_k=3)
-    model = MeasuredCostModel(settings=model.settings.replace(megatron_path=str(folder)),
-                              measurements=model.file.path, launcher=model.launcher,
-                              prescreen=model.prescreen, top_k=3)
+    model, folder = on_checkout(tmp_path, KNOWS_NO_FLAG)
     with pytest.raises(LayoutSearchError, match=(
             rf"^cost_models=measured cannot launch: Megatron-LM in {folder} does not take the "
             r"command's flags \(pretrain_gpt.py: error: unrecognized arguments: --num-layers "
