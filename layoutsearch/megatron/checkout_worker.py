@@ -35,6 +35,8 @@ import types
 
 MODULES = ("megatron.training.arguments", "megatron.arguments")
 """Where Megatron-LM keeps parse_args and validate_args: since 2024, and before."""
+STANDARD_LIBRARY = frozenset(getattr(sys, "stdlib_module_names", ()))
+"""Python's own modules (3.10 on; before, no frame is passed over as one)."""
 PRETRAIN_GPT_DEFAULTS = {"tokenizer_type": "GPT2BPETokenizer"}
 """`args_defaults` of pretrain_gpt.py's `pretrain(...)` call, which validate_args applies."""
 
@@ -55,29 +57,29 @@ def _verdict(error, stage, printed):
         # removed flags both end the process; what they printed last says why.
         return {"outcome": "rejected", "stage": stage,
                 "message": _last_line(printed) or f"exited with status {error.code}"}
-    frames = traceback.extract_tb(error.__traceback__)
-    where = frames[-1] if frames else None
-    at = f" ({where.filename}:{where.lineno})" if where else ""
+    raiser = _raiser(error)
+    at = f" ({raiser[1]}:{raiser[2]})" if raiser else ""
     # An exception from torch (a CUDA query on a machine without a GPU), or one for a package
-    # missing here, says nothing of the command: the check could not be made here.
+    # missing here, says nothing of the command: the check could not be made here. Megatron-LM's
+    # own code (the checkout's, or an installed megatron-core) is told by its module, not by
+    # its file's path, which may run through any folder named megatron
+    # (~/megatron/venv/lib/.../torch/cuda/__init__.py).
     missing_package = any(isinstance(link, ImportError) for link in _chain(error))
-    ours = _raised_in_megatron(error) and not missing_package
+    ours = raiser is not None and raiser[0].split(".")[0] == "megatron" and not missing_package
     return {"outcome": "rejected" if ours else "unchecked", "stage": stage,
             "message": _describe(error) + at}
 
 
-def _raised_in_megatron(error):
-    """Whether Megatron-LM's own code (the checkout's, or an installed megatron-core) raised
-    the exception: one of its rules. Told by the module of the innermost frame, `megatron` or
-    below it, not by its file's path, which may run through any folder named megatron
-    (~/megatron/venv/lib/.../torch/cuda/__init__.py)."""
-    innermost = error.__traceback__
-    if innermost is None:
-        return False
-    while innermost.tb_next is not None:
-        innermost = innermost.tb_next
-    module = str(innermost.tb_frame.f_globals.get("__name__", ""))
-    return module.split(".")[0] == "megatron"
+def _raiser(error):
+    """(module, file, line) of the code whose call raised the exception: the innermost frame
+    outside Python's standard library (an enum lookup, os.environ[...] raise there for the
+    code that called them); None without a traceback."""
+    frames = list(traceback.walk_tb(error.__traceback__))
+    for frame, line in reversed(frames):
+        module = str(frame.f_globals.get("__name__", ""))
+        if module.split(".")[0] not in STANDARD_LIBRARY:
+            return module, frame.f_code.co_filename, line
+    return None
 
 
 def _chain(error):

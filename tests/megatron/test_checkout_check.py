@@ -153,6 +153,28 @@ def test_a_flag_the_checkout_does_not_know_is_rejected_by_parse_args(tmp_path):
                                "--attention-backend flash")
 
 
+def test_a_value_the_checkouts_own_type_rejects_in_the_standard_library_is_rejected(
+        tmp_path):
+    """Megatron-LM parses --attention-backend with `lambda attn_backend:
+    AttnBackend[attn_backend]`: in a checkout whose enum lacks the value, the KeyError is
+    raised by Python's enum module, called by Megatron-LM's parser."""
+    folder = checkout(tmp_path, ARGUMENTS.replace(
+        '    parser.add_argument("--tokenizer-type", default=None)\n',
+        '    parser.add_argument("--tokenizer-type", default=None)\n'
+        '    parser.add_argument("--attention-backend", type=lambda attn_backend: '
+        'AttnBackend[attn_backend])\n').replace(
+        "import argparse\n", "import argparse\nimport enum\n"
+        "AttnBackend = enum.Enum('AttnBackend', 'flash fused unfused local')\n"))
+    with CheckoutCheck(settings(folder)) as check:
+        verdict = check.verdict(command("--attention-backend", "auto"), {})
+    assert (verdict.outcome, verdict.stage) == ("rejected", "parse_args")
+    rule = next(n for n, line in enumerate((folder / "megatron/training/arguments.py")
+                                           .read_text().splitlines(), 1)
+                if "--attention-backend" in line)
+    assert verdict.message == (
+        f"KeyError: 'auto' ({folder}/megatron/training/arguments.py:{rule})")
+
+
 def test_a_removed_flag_that_validate_args_exits_on_is_rejected_with_what_it_printed(
         tmp_path):
     with CheckoutCheck(settings(checkout(tmp_path))) as check:
