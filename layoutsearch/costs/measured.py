@@ -54,7 +54,7 @@ from layoutsearch.megatron.args import (
     flash3_attention_option,
     job_of_row,
 )
-from layoutsearch.megatron.checkout_check import CheckoutCheck
+from layoutsearch.megatron.checkout_check import WRITTEN_FOR, CheckoutCheck
 from layoutsearch.megatron.checks import every_command_rejected, rejection
 from layoutsearch.megatron.inverse import row_of_argv
 from layoutsearch.megatron.launchers import Launcher, Trial, build_launcher
@@ -273,13 +273,11 @@ class MeasuredCostModel:
         if verdict is None or verdict.outcome != "rejected":
             return ""
         where = self.checkout_check.where
-        if verdict.stage == "parse_args":
-            # A flag or value the checkout does not take is its version's, not the layout's:
-            # every command would fail alike.
+        if verdict.refuses_the_flags:
             raise LayoutSearchError(
                 f"cost_models=measured cannot launch: {where} does not take the command's "
-                f"flags ({verdict.message}); layoutsearch writes those of Megatron-LM main "
-                f"(2025-2026). Use such a checkout, or set validate_args: false in the "
+                f"flags ({verdict.message}); layoutsearch writes {WRITTEN_FOR}. Use such a "
+                f"checkout, or set validate_args: false in the "
                 f"Megatron-LM settings to launch anyway. Nothing was launched; "
                 f"{self._what_the_file_keeps()}")
         return f"not measured: {where} rejects the command: {verdict}"

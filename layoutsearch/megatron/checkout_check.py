@@ -39,6 +39,9 @@ CHECK_TIMEOUT_S = 120.0
 """Seconds one parse_args + validate_args may take; milliseconds as a rule."""
 JSON_LINE_LIMIT = 1 << 20
 """Bytes of one answer line read at most (answers are a few hundred bytes)."""
+WRITTEN_FOR = "those of Megatron-LM main (2025-2026)"
+"""Which Megatron-LM's flags layoutsearch writes, as messages say when a checkout refuses
+them."""
 READ_BYTES = 1 << 16
 """Bytes asked of the worker's stdout at a time."""
 
@@ -54,6 +57,12 @@ class Verdict:
     """Megatron-LM's message (with the file and line of the rule), or why it was not asked."""
     stage: str = ""
     """`parse_args` (a flag or value the checkout does not take) or `validate_args`."""
+
+    @property
+    def refuses_the_flags(self) -> bool:
+        """parse_args refused a flag or value: the checkout's version, not the layout, is at
+        fault, and every command would fail alike."""
+        return self.outcome == "rejected" and self.stage == "parse_args"
 
     def __str__(self) -> str:
         return f"{self.stage}: {self.message}" if self.stage else self.message

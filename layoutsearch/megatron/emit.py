@@ -19,7 +19,7 @@ from layoutsearch.drivers.paper import PASSED_OVER, RULE_COLUMN
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.megatron.args import MegatronCommand, build_command
-from layoutsearch.megatron.checkout_check import CheckoutCheck
+from layoutsearch.megatron.checkout_check import WRITTEN_FOR, CheckoutCheck
 from layoutsearch.megatron.checks import every_command_rejected, rejection
 from layoutsearch.megatron.launchers import DRY_RUN_REASON
 from layoutsearch.megatron.scripts import needs_sbatch, torchrun_argv, write_script
@@ -179,11 +179,8 @@ def _check_in_checkout(chosen: Iterable[tuple[int, dict[str, Any], MegatronComma
     anyway = "set validate_args: false in the Megatron-LM settings to write the scripts anyway"
     for rank, row, verdict in verdicts:
         if verdict is not None and verdict.outcome == "rejected":
-            # A flag or value the checkout does not take is its version's: every command
-            # would fail alike.
-            advice = (f"it does not take the flags layoutsearch writes, those of Megatron-LM "
-                      f"main (2025-2026): use such a checkout, or {anyway}"
-                      if verdict.stage == "parse_args" else
+            advice = (f"it does not take the flags layoutsearch writes, {WRITTEN_FOR}: use "
+                      f"such a checkout, or {anyway}" if verdict.refuses_the_flags else
                       f"leave such layouts out (pin a knob), or {anyway}")
             raise LayoutSearchError(
                 f"no launch scripts written: {check.where} rejects the command of rank {rank} "
