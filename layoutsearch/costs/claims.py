@@ -6,12 +6,14 @@ record yet. Before a launch a search claims the layout: under the file's lock it
 file again, and uses the layout's row if one is there by now; else it makes the layout's
 claim, a small file in `.NAME.claims/` beside the measurement file, with link(2), which
 only one of two searches can win, on NFS too (open(2)'s advice for lock files there). A
-layout that another live search claimed is waited for, the file read again every POLL_S,
-and its row used once written. The claimant stamps its claim (the file's time) every
-HEARTBEAT_S while the trial runs, and removes it once the row is written or the launch
-ended without one (a failure, Ctrl-C). A claim whose process is gone (on this host) or not
-stamped for STALE_S (on another host: a machine that died) is taken over, and the layout
-launched. The measurement file keeps the schema's rows alone.
+layout that another live search claimed is left for last by a search with other layouts to
+measure, so that searches sharing a file split the launches between them; then it is
+waited for, the file read again every POLL_S, and its row used once written. The claimant
+stamps its claim (the file's time) every HEARTBEAT_S while the trial runs, and removes it
+once the row is written or the launch ended without one (a failure, Ctrl-C). A claim
+whose process is gone (on this host) or not stamped for STALE_S (on another host: a machine
+that died) is taken over, and the layout launched. The measurement file keeps the schema's
+rows alone.
 
     with claimed(file, row, "local: llama_13b_...", since=rows_read, retry=()) as recorded:
         if recorded is None:
@@ -205,15 +207,19 @@ class LayoutClaim:
 
 @contextlib.contextmanager
 def claimed(file: MeasurementFile, row: Mapping[str, Any], trial: str, *, since: int,
-            retry: Collection[str]) -> Iterator[dict[str, Any] | None]:
+            retry: Collection[str], wait: bool = True,
+            ) -> Iterator[dict[str, Any] | Claimant | None]:
     """The row another search recorded of the layout (waited for while one measures it),
     or None: this search launches it, its claim stamped until the block ends, then removed.
-    `trial` names the launch in the lines said."""
+    With `wait=False` a layout another live search measures is not waited for: its
+    Claimant is given instead, so that a search with other layouts to measure launches
+    those first and comes back for this one's row. `trial` names the launch in the lines
+    said."""
     claim = LayoutClaim(file, row, trial, since=since, retry=retry)
     try:
-        recorded = claim.acquire()
-        if recorded is not None:
-            yield recorded
+        found = claim.acquire() if wait else claim.take()
+        if found is not None:
+            yield found
             return
         with Heartbeat(claim.stamp):
             yield None

@@ -3,9 +3,9 @@
 Every finished trial is appended at once to a measurement file in the project's schema
 (docs/measurements.md), so a search that is killed resumes where it stopped: a layout already
 in the file is never launched again, and searches sharing the file claim each layout before
-they launch it (claims.py), so that none is launched twice. With a `prescreen` model (the
-analytic one) only its `top_k` best candidates are launched; the others say why they were
-not measured.
+they launch it (claims.py), so that none is launched twice and they split the launches.
+With a `prescreen` model (the analytic one) only its `top_k` best candidates are launched;
+the others say why they were not measured.
 
     model = build_cost_model("measured", prescreen="analytic", top_k=8)
     scored = model.score(candidates, clusters)   # launches, parses logs, appends rows
@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from layoutsearch.costs.base import MEASURED_FAILURE, CostModel, cost_model_fingerprint
-from layoutsearch.costs.claims import claimed
+from layoutsearch.costs.claims import Claimant, claimed
 from layoutsearch.costs.measurement_file import (
     MeasurementFile,
     by_key,
@@ -401,13 +401,14 @@ class MeasuredCostModel:
         return pd.Series(held, index=candidates.index)
 
     def _measure(self, row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec],
-                 predicted_step_s: float | None, position: str,
-                 rows_read: int) -> dict[str, Any] | str:
+                 predicted_step_s: float | None, position: str, rows_read: int,
+                 wait: bool) -> dict[str, Any] | str | Claimant:
         """A new measurement row (or the row another search sharing the file recorded
-        meanwhile: costs/claims.py), or why the layout could not be launched. The
-        prescreen's predicted step time (s), when there is one, sizes the trial's time
-        limit; `position` ("launch 3 of 8: ", or "") goes before the trial's name in its
-        lines; `rows_read` is how many rows the file had when this search read it."""
+        meanwhile: costs/claims.py), or why the layout could not be launched; with
+        `wait=False`, the Claimant of another live search measuring it, which is not waited
+        for. The prescreen's predicted step time (s), when there is one, sizes the trial's
+        time limit; `position` ("launch 3 of 8: ", or "") goes before the trial's name in
+        its lines; `rows_read` is how many rows the file had when this search read it."""
         command = command_of_row(row, clusters, self.settings)
         name = _trial_name(row)
         unwritable = unwritable_file(self.file.path)
@@ -435,9 +436,13 @@ class MeasuredCostModel:
         log_path = Path(log_dir).expanduser() / f"{name}.log"
         trial = f"{self.launcher.name}: {position}{name}"
         # A dry run trains nothing: only a launch is claimed, and waited for.
-        claim = (claimed(self.file, row, trial, since=rows_read, retry=self.retry)
+        claim = (claimed(self.file, row, trial, since=rows_read, retry=self.retry, wait=wait)
                  if self.launcher.trains else contextlib.nullcontext(None))
         with claim as recorded:
+            if isinstance(recorded, Claimant):
+                _tell(f"{trial}: being measured by {recorded}; launching the others first, "
+                      f"then reading its row from {self.file.path}")
+                return recorded
             if recorded is not None:
                 _tell(_outcome_line(trial, recorded, "measured by another search, read from "
                                     f"{self.file.path}"))
@@ -519,15 +524,19 @@ class MeasuredCostModel:
                    known: dict[tuple[Any, ...], dict[str, Any]],
                    clusters: Mapping[str, ClusterSpec], predicted: float | None,
                    out: pd.DataFrame, reasons: pd.Series, position: str,
-                   rows_read: int) -> None:
+                   rows_read: int, wait: bool) -> bool:
         """Row `i` of `out` (and its reason) from the file's run of it, or launched (its
-        lines begin with `position`): the launch is appended to the file and to `known`."""
+        lines begin with `position`): the launch is appended to the file and to `known`.
+        False, leaving the row as it is, where `wait` is False and another live search
+        measures the layout."""
         measured = self._recorded(known, row)
         if measured is None:
-            outcome = self._measure(row, clusters, predicted, position, rows_read)
+            outcome = self._measure(row, clusters, predicted, position, rows_read, wait)
+            if isinstance(outcome, Claimant):
+                return False
             if isinstance(outcome, str):
                 reasons.loc[i] = outcome
-                return
+                return True
             measured = outcome
             known[measurement_key(row)] = measured
         status = str(measured["status"])
@@ -546,6 +555,7 @@ class MeasuredCostModel:
                      if status in RETRY_HINTED else "")
             reasons.loc[i] = (f"{MEASURED_FAILURE}{status}" + (f": {detail}" if detail else "")
                               + again)
+        return True
 
     def _launch_positions(self, chosen: list[Any], records: Mapping[Any, Mapping[str, Any]],
                           known: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> dict[Any, str]:
@@ -583,15 +593,27 @@ class MeasuredCostModel:
         records = {i: {str(k): v for k, v in r.items()}
                    for i, r in candidates.loc[chosen].to_dict("index").items()}
         positions = self._launch_positions(chosen, records, known)
+
+        def price(i: Any, wait: bool) -> bool:
+            predicted = None if prior is None else float(prior.loc[i, "step_time_s"])
+            return self._price_row(i, records[i], known, clusters, predicted, out, reasons,
+                                   positions.get(i, ""), len(runs), wait)
+
         try:
             # A Ctrl-C that a finalizer swallowed (interrupts.py) is raised before the next
             # launch, not after it: each may train for an hour.
             with noticing_interrupts():
+                # A layout another search measures is waited for last: launching the rest
+                # first, searches sharing the file split the launches instead of queueing
+                # behind one another's (one layout alone is simply waited for).
+                later = []
                 for i in chosen:
                     raise_if_interrupted()
-                    predicted = None if prior is None else float(prior.loc[i, "step_time_s"])
-                    self._price_row(i, records[i], known, clusters, predicted, out, reasons,
-                                    positions.get(i, ""), len(runs))
+                    if not price(i, wait=len(chosen) == 1):
+                        later.append(i)
+                for i in later:
+                    raise_if_interrupted()
+                    price(i, wait=True)
                 raise_if_interrupted()
         except KeyboardInterrupt:
             _tell(f"measured: interrupted; {self.file.path} keeps every finished run, and the "

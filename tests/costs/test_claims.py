@@ -17,7 +17,7 @@ import pytest
 
 import layoutsearch
 from layoutsearch.costs.claims import LayoutClaim, claims_folder
-from layoutsearch.costs.measurement_file import MeasurementFile
+from layoutsearch.costs.measurement_file import MeasurementFile, measurement_key
 from layoutsearch.liveness import HOST, STALE_S
 from layoutsearch.measurements import read_measurements
 from layoutsearch.testing import fake_measured_model, launches
@@ -159,7 +159,7 @@ import layoutsearch
 from layoutsearch.costs import claims
 from layoutsearch.testing import fake_measured_model
 claims.POLL_S = 0.05
-model = fake_measured_model(sys.argv[1], top_k=1)
+model = fake_measured_model(sys.argv[1], top_k=int(sys.argv[3]))
 model.retry = tuple(json.loads(sys.argv[2]))
 ranked = layoutsearch.search(cost_model=model, model="llama_7b", num_gpus=8, seq_length=2048,
                              global_batch_size=64)
@@ -201,7 +201,7 @@ def test_a_layout_another_live_search_measures_is_waited_for_and_its_row_used(tm
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     claim = write_claim(measurements.path, row, sleeper.pid, HOST)
     search = subprocess.Popen([sys.executable, "-c", WAITING_SEARCH, str(shared),
-                               json.dumps(retry)],
+                               json.dumps(retry), "1"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         told = read_until(search.stderr, "waiting for it")
@@ -230,6 +230,46 @@ def test_a_layout_another_live_search_measures_is_waited_for_and_its_row_used(tm
     else:
         assert measured["reason"].startswith("measured error: crashed again")
     assert claim.exists()  # the other search's claim, which it removes itself
+
+
+def test_a_search_launches_its_other_layouts_before_waiting_for_one_another_measures(
+        tmp_path):
+    # Searches sharing a file queued behind each other's claims: the second of two waited
+    # for the first's launch of the best layout before launching its own second best, so
+    # two searches took as long as one after the other.
+    best = first_launch(tmp_path)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    measurements = MeasurementFile(shared / "measurements.csv")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    write_claim(measurements.path, best, sleeper.pid, HOST)
+    search = subprocess.Popen([sys.executable, "-c", WAITING_SEARCH, str(shared), "[]", "2"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        told = read_until(search.stderr, "waiting for it")
+        passed_over = [line for line in told if "launching the others first" in line]
+        assert len(passed_over) == 1 and re.fullmatch(
+            rf"local: launch 1 of 2: llama_7b_\S+: being measured by pid {sleeper.pid} on host "
+            rf"{re.escape(HOST)}; launching the others first, then reading its row from "
+            rf"{re.escape(str(measurements.path))}", passed_over[0]), told
+        # Waiting for the best only now, its second layout already measured and recorded.
+        assert "waiting for it" in told[-1] and told.index(passed_over[0]) < len(told) - 1
+        (second,) = measurements.runs()
+        assert launches(shared) != [] and len(launches(shared)) == 1
+        assert measurement_key(second) != measurement_key(best)
+        measurements.append(best)  # the other search's run of the best ends
+        out, err = search.communicate(timeout=60)
+    finally:
+        for process in (search, sleeper):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert search.returncode == 0, err
+    answer = json.loads(out)
+    assert answer["launched"] == 1 and len(launches(shared)) == 1
+    assert sorted(row["step_time_s"] for row in answer["rows"]) == pytest.approx(
+        sorted([best["step_time_s"], second["step_time_s"]]))
+    assert f": ok, {best['step_time_s']:.2f} s per step, measured by another search" in err
 
 
 class SeesItsClaim:
