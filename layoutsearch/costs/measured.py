@@ -63,7 +63,7 @@ from layoutsearch.megatron.scripts import trial_time_limit_s
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.paths import unwritable_file, unwritable_folder
 from layoutsearch.progress import say
-from layoutsearch.specs import ClusterSpec
+from layoutsearch.specs import ClusterSpec, GPUSpec
 
 RETRIABLE = ("error", "timeout", "oom", "unavailable")
 """Statuses a measured search may be told to launch again (`retry`)."""
@@ -102,6 +102,29 @@ def _result_row(row: Mapping[str, Any], result: LogResult, clusters: Mapping[str
         message=result.message.replace("\n", " ")[:300], log_path=str(log_path),
     )
     return out
+
+
+def _beyond_the_gpu(measured: Mapping[str, Any], gpu: GPUSpec) -> str:
+    """Why a run's figures cannot have come from `gpu` ("" when they can): more model FLOPs
+    a second than its dense peak (MFU above 1), a logged throughput above that peak, or
+    more memory allocated than it has. Such a run ran on another GPU than the job names
+    (an H100 searched as an A100 reads as MFU ~1.8), and its row would be filed, and
+    ranked, under the wrong GPU."""
+    why = []
+    mfu = float(measured["mfu"])
+    if mfu > 1:
+        why.append(f"its MFU by the study's count is {mfu:.2f}: "
+                   f"{mfu * gpu.peak_tflops:.0f} TFLOP/s per GPU of model FLOPs, above the "
+                   f"{gpu.name}'s dense bf16 peak of {gpu.peak_tflops:g}")
+    tflops = float(measured["tflops_per_gpu"])
+    if tflops > gpu.peak_tflops:
+        why.append(f"Megatron-LM logged {tflops:.0f} TFLOP/s per GPU, above that peak of "
+                   f"{gpu.peak_tflops:g}")
+    memory = float(measured["peak_memory_gib"])
+    if memory > gpu.memory_gib:
+        why.append(f"it allocated {memory:.1f} GiB on a GPU, more than the {gpu.name}'s "
+                   f"{gpu.memory_gib:g} GiB")
+    return "; ".join(why)
 
 
 DEFAULT_PRESCREEN = "analytic"
@@ -489,6 +512,15 @@ class MeasuredCostModel:
                     f"(cost_models/megatron.yaml); nothing was recorded for it; "
                     f"{self._what_the_file_keeps()}")
             measured = _result_row(row, result, clusters, self.launcher.name, launch.log_path)
+            gpu = clusters[str(row["gpu"])].gpu
+            impossible = _beyond_the_gpu(measured, gpu)
+            if impossible:
+                raise LayoutSearchError(
+                    f"cost_models=measured stopped: {launch.name} cannot have run on "
+                    f"{gpu.name} GPUs, as the job says: {impossible} (log {launch.log_path}). "
+                    f"Search with the cluster of the GPUs the launcher runs on (cluster=NAME "
+                    f"on the command line, cluster= in Python); nothing was recorded for it, "
+                    f"as it would be filed under {gpu.name}; {self._what_the_file_keeps()}")
             self.file.append(measured)
             _tell(_outcome_line(trial, measured))
             return measured

@@ -597,6 +597,52 @@ def test_a_setup_problem_says_whether_the_file_holds_runs_to_resume_from(tmp_pat
                                    "same command resumes from them")
 
 
+def test_a_run_faster_than_the_jobs_gpu_can_stop_the_search_and_records_nothing(tmp_path):
+    # Launched on H100s but searched as A100s, the run read MFU ~1.8 and was filed, and
+    # ranked, as an A100 measurement.
+    model = fake_measured_model(tmp_path, top_k=2, gpu="h100_sxm")
+    with pytest.raises(LayoutSearchError) as stop:
+        layoutsearch.search(cost_model=model, cluster="a100_80gb", **SMALL_JOB)
+    message = str(stop.value)
+    assert re.fullmatch(
+        r"cost_models=measured stopped: llama_7b_\S+ cannot have run on a100_80gb GPUs, as "
+        r"the job says: its MFU by the study's count is (\d\.\d\d): (\d+) TFLOP/s per GPU of "
+        r"model FLOPs, above the a100_80gb's dense bf16 peak of 312; Megatron-LM logged \d+ "
+        r"TFLOP/s per GPU, above that peak of 312 \(log \S+\.log\)\. Search with the cluster "
+        r"of the GPUs the launcher runs on \(cluster=NAME on the command line, cluster= in "
+        r"Python\); nothing was recorded for it, as it would be filed under a100_80gb; no run "
+        rf"is recorded in {re.escape(str(model.file.path))} yet", message), message
+    mfu = float(re.search(r"count is (\d\.\d\d)", message)[1])
+    assert 1 < mfu < 989 / 312  # an H100's MFU, read against an A100's peak
+    assert model.launched == 1 and not model.file.path.exists()
+    # The cluster it ran on measures the same layouts.
+    ranked = layoutsearch.search(cost_model=fake_measured_model(tmp_path, top_k=2,
+                                                                gpu="h100_sxm"),
+                                 cluster="h100_sxm", **SMALL_JOB)
+    assert ranked["fits"].sum() == 2 and (ranked["mfu"].dropna() < 1).all()
+
+
+@pytest.mark.parametrize("figure, value, said", [
+    ("mfu", 1.2, "its MFU by the study's count is 1.20: 374 TFLOP/s per GPU of model FLOPs, "
+     "above the a100_40gb's dense bf16 peak of 312"),
+    ("tflops_per_gpu", 330.0, "Megatron-LM logged 330 TFLOP/s per GPU, above that peak of 312"),
+    ("peak_memory_gib", 52.5, "it allocated 52.5 GiB on a GPU, more than the a100_40gb's "
+     "39.59 GiB"),
+])
+def test_each_figure_beyond_the_gpu_is_named(figure, value, said):
+    from layoutsearch.catalog import clusters_by_gpu
+    from layoutsearch.costs.measured import _beyond_the_gpu
+
+    gpu = clusters_by_gpu()["a100_40gb"].gpu
+    possible = {"mfu": 0.55, "tflops_per_gpu": 190.0, "peak_memory_gib": 39.5}
+    assert _beyond_the_gpu(possible, gpu) == ""
+    assert _beyond_the_gpu({**possible, figure: value}, gpu) == said
+    # A failed run has no figures (NaN): nothing to judge.
+    nan = float("nan")
+    assert _beyond_the_gpu({"mfu": nan, "tflops_per_gpu": nan, "peak_memory_gib": nan},
+                           gpu) == ""
+
+
 def test_the_local_launcher_refuses_a_job_beyond_one_node_before_launching(tmp_path):
     model = MeasuredCostModel(settings=fake_megatron_settings(tmp_path),
                               measurements=tmp_path / "measurements.csv",
