@@ -63,7 +63,7 @@ from layoutsearch.megatron.scripts import trial_time_limit_s
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.paths import unwritable_file, unwritable_folder
 from layoutsearch.progress import say
-from layoutsearch.specs import ClusterSpec, GPUSpec
+from layoutsearch.specs import ClusterSpec, Job
 
 RETRIABLE = ("error", "timeout", "oom", "unavailable")
 """Statuses a measured search may be told to launch again (`retry`)."""
@@ -104,22 +104,25 @@ def _result_row(row: Mapping[str, Any], result: LogResult, clusters: Mapping[str
     return out
 
 
-def _beyond_the_gpu(measured: Mapping[str, Any], gpu: GPUSpec) -> str:
-    """Why a run's figures cannot have come from `gpu` ("" when they can): more model FLOPs
-    a second than its dense peak (MFU above 1), a logged throughput above that peak, or
-    more memory allocated than it has. Such a run ran on another GPU than the job names
-    (an H100 searched as an A100 reads as MFU ~1.8), and its row would be filed, and
-    ranked, under the wrong GPU."""
+def _beyond_the_gpu(measured: Mapping[str, Any], job: Job) -> str:
+    """Why a run's figures cannot have come from the job's GPU ("" when they can): more
+    FLOPs a second than its dense peak, or more memory allocated than it has. Such a run
+    ran on other GPUs than the job names (H100s searched as A100s read MFU ~1.8), and its
+    row would be filed, and ranked, under the wrong GPU.
+
+    The FLOPs are the fewest a run must execute: Megatron-LM's per-matmul count with the
+    causal half of the attention scores left out, as a flash kernel skips it, and no
+    embedding lookup. The study's count (its MFU) can pass the peak without that: its
+    12·L·h·s counts the masked half, which at 128k tokens is most of a step's FLOPs."""
+    gpu = job.cluster.gpu
     why = []
-    mfu = float(measured["mfu"])
-    if mfu > 1:
-        why.append(f"its MFU by the study's count is {mfu:.2f}: "
-                   f"{mfu * gpu.peak_tflops:.0f} TFLOP/s per GPU of model FLOPs, above the "
+    executed_tflops = (float(measured["tokens_per_s"]) / job.num_gpus
+                       * job.model.megatron_flops_per_token(job.seq_length) / 1e12)
+    if executed_tflops > gpu.peak_tflops:
+        why.append(f"its {float(measured['tokens_per_s']):,.0f} tokens/s on {job.num_gpus} "
+                   f"GPUs execute at least {executed_tflops:.0f} TFLOP/s per GPU (MFU "
+                   f"{float(measured['mfu']):.2f} by the study's count), above the "
                    f"{gpu.name}'s dense bf16 peak of {gpu.peak_tflops:g}")
-    tflops = float(measured["tflops_per_gpu"])
-    if tflops > gpu.peak_tflops:
-        why.append(f"Megatron-LM logged {tflops:.0f} TFLOP/s per GPU, above that peak of "
-                   f"{gpu.peak_tflops:g}")
     memory = float(measured["peak_memory_gib"])
     if memory > gpu.memory_gib:
         why.append(f"it allocated {memory:.1f} GiB on a GPU, more than the {gpu.name}'s "
@@ -512,9 +515,10 @@ class MeasuredCostModel:
                     f"(cost_models/megatron.yaml); nothing was recorded for it; "
                     f"{self._what_the_file_keeps()}")
             measured = _result_row(row, result, clusters, self.launcher.name, launch.log_path)
-            gpu = clusters[str(row["gpu"])].gpu
-            impossible = _beyond_the_gpu(measured, gpu)
+            job = job_of_row(row, clusters)
+            impossible = _beyond_the_gpu(measured, job)
             if impossible:
+                gpu = job.cluster.gpu
                 raise LayoutSearchError(
                     f"cost_models=measured stopped: {launch.name} cannot have run on "
                     f"{gpu.name} GPUs, as the job says: {impossible} (log {launch.log_path}). "

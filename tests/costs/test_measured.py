@@ -18,14 +18,16 @@ import pytest
 
 import layoutsearch
 from layoutsearch import lifetime
+from layoutsearch.catalog import load_cluster, load_model
 from layoutsearch.costs import build_cost_model
-from layoutsearch.costs.measured import MeasuredCostModel
+from layoutsearch.costs.measured import MeasuredCostModel, _beyond_the_gpu
 from layoutsearch.costs.measurement_file import MeasurementFile
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import OPTIONAL_DEFAULTS, read_measurements
 from layoutsearch.megatron import parse_log
 from layoutsearch.megatron.launchers import SlurmLauncher, build_launcher
+from layoutsearch.specs import Job
 from layoutsearch.testing import (
     check_cost_model,
     conformance_candidates,
@@ -606,13 +608,13 @@ def test_a_run_faster_than_the_jobs_gpu_can_stop_the_search_and_records_nothing(
     message = str(stop.value)
     assert re.fullmatch(
         r"cost_models=measured stopped: llama_7b_\S+ cannot have run on a100_80gb GPUs, as "
-        r"the job says: its MFU by the study's count is (\d\.\d\d): (\d+) TFLOP/s per GPU of "
-        r"model FLOPs, above the a100_80gb's dense bf16 peak of 312; Megatron-LM logged \d+ "
-        r"TFLOP/s per GPU, above that peak of 312 \(log \S+\.log\)\. Search with the cluster "
-        r"of the GPUs the launcher runs on \(cluster=NAME on the command line, cluster= in "
-        r"Python\); nothing was recorded for it, as it would be filed under a100_80gb; no run "
-        rf"is recorded in {re.escape(str(model.file.path))} yet", message), message
-    mfu = float(re.search(r"count is (\d\.\d\d)", message)[1])
+        r"the job says: its [\d,]+ tokens/s on 8 GPUs execute at least \d+ TFLOP/s per GPU "
+        r"\(MFU (\d\.\d\d) by the study's count\), above the a100_80gb's dense bf16 peak of "
+        r"312 \(log \S+\.log\)\. Search with the cluster of the GPUs the launcher runs on "
+        r"\(cluster=NAME on the command line, cluster= in Python\); nothing was recorded for "
+        r"it, as it would be filed under a100_80gb; no run is recorded in "
+        rf"{re.escape(str(model.file.path))} yet", message), message
+    mfu = float(re.search(r"MFU (\d\.\d\d)", message)[1])
     assert 1 < mfu < 989 / 312  # an H100's MFU, read against an A100's peak
     assert model.launched == 1 and not model.file.path.exists()
     # The cluster it ran on measures the same layouts.
@@ -622,25 +624,36 @@ def test_a_run_faster_than_the_jobs_gpu_can_stop_the_search_and_records_nothing(
     assert ranked["fits"].sum() == 2 and (ranked["mfu"].dropna() < 1).all()
 
 
-@pytest.mark.parametrize("figure, value, said", [
-    ("mfu", 1.2, "its MFU by the study's count is 1.20: 374 TFLOP/s per GPU of model FLOPs, "
-     "above the a100_40gb's dense bf16 peak of 312"),
-    ("tflops_per_gpu", 330.0, "Megatron-LM logged 330 TFLOP/s per GPU, above that peak of 312"),
-    ("peak_memory_gib", 52.5, "it allocated 52.5 GiB on a GPU, more than the a100_40gb's "
-     "39.59 GiB"),
-])
-def test_each_figure_beyond_the_gpu_is_named(figure, value, said):
-    from layoutsearch.catalog import clusters_by_gpu
-    from layoutsearch.costs.measured import _beyond_the_gpu
+def job_on(model: str, gpu: str, seq_length: int) -> Job:
+    return Job(model=load_model(model), cluster=load_cluster(gpu), num_gpus=8,
+               seq_length=seq_length, global_batch_size=64)
 
-    gpu = clusters_by_gpu()["a100_40gb"].gpu
-    possible = {"mfu": 0.55, "tflops_per_gpu": 190.0, "peak_memory_gib": 39.5}
-    assert _beyond_the_gpu(possible, gpu) == ""
-    assert _beyond_the_gpu({**possible, figure: value}, gpu) == said
+
+def test_figures_beyond_the_gpu_are_named_and_a_long_context_run_is_not_one():
+    # LLaMA 7B at 2k executes at least 41.25 GFLOP a token: 12·L·h²·(2 + s/2h + 1.5·f/h)
+    # = 12·32·4096²·(2.25 + 4.03125) in the blocks, 6·h·V = 6·4096·32000 in the logits.
+    job = job_on("llama_7b", "a100_40gb", 2048)
+    possible = {"tokens_per_s": 8 * 7000, "mfu": 0.98, "peak_memory_gib": 39.5}
+    assert _beyond_the_gpu(possible, job) == ""
+    # 8,000 tokens/s a GPU x 41.25 GFLOP = 330 TFLOP/s, above the A100's 312.
+    assert _beyond_the_gpu({**possible, "tokens_per_s": 8 * 8000, "mfu": 1.05}, job) == (
+        "its 64,000 tokens/s on 8 GPUs execute at least 330 TFLOP/s per GPU (MFU 1.05 by the "
+        "study's count), above the a100_40gb's dense bf16 peak of 312")
+    assert _beyond_the_gpu({**possible, "peak_memory_gib": 52.5}, job) == (
+        "it allocated 52.5 GiB on a GPU, more than the a100_40gb's 39.59 GiB")
+    # Llama 3 8B at 128k on H100s: 4,140 tokens/s a GPU is MFU 1.06 by the study's count,
+    # whose 12·L·h·s counts the causal mask's half, but 148 GFLOP a token executed, 613
+    # TFLOP/s: a run that can happen is not stopped.
+    long_context = job_on("llama3_8b", "h100_sxm", 131072)
+    tokens_per_s = 8 * 4140
+    mfu = tokens_per_s / 8 * long_context.model.paper_flops_per_token(131072) / 989e12
+    assert mfu > 1
+    assert _beyond_the_gpu({"tokens_per_s": tokens_per_s, "mfu": mfu, "peak_memory_gib": 60},
+                           long_context) == ""
     # A failed run has no figures (NaN): nothing to judge.
     nan = float("nan")
-    assert _beyond_the_gpu({"mfu": nan, "tflops_per_gpu": nan, "peak_memory_gib": nan},
-                           gpu) == ""
+    assert _beyond_the_gpu({"tokens_per_s": nan, "mfu": nan, "peak_memory_gib": nan},
+                           job) == ""
 
 
 def test_the_local_launcher_refuses_a_job_beyond_one_node_before_launching(tmp_path):
