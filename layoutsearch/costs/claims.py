@@ -8,7 +8,8 @@ claim, a small file in `.NAME.claims/` beside the measurement file, with link(2)
 only one of two searches can win, on NFS too (open(2)'s advice for lock files there). A
 layout that another live search claimed is left for last by a search with other layouts to
 measure, so that searches sharing a file split the launches between them; then it is
-waited for, the file read again every POLL_S, and its row used once written. The claimant
+waited for, and its row used once written: the file is read again as soon as the claim is
+gone (looked for every CLAIM_CHECK_S), and every POLL_S while it stands. The claimant
 stamps its claim (the file's time) every HEARTBEAT_S while the trial runs, and removes it
 once the row is written or the launch ended without one (a failure, Ctrl-C). A claim
 whose process is gone (on this host) or not stamped for STALE_S (on another host: a machine
@@ -39,8 +40,13 @@ from layoutsearch.liveness import HOST, STALE_S, Heartbeat, pid_alive
 from layoutsearch.progress import say
 
 POLL_S = 5.0
-"""How often a search waiting for another's run reads the measurement file (seconds): a
-trial trains for minutes to hours, and each read parses the whole file."""
+"""How often a search waiting for another's run reads the measurement file while the run's
+claim stands (seconds): a trial trains for minutes to hours, and each read parses the whole
+file."""
+CLAIM_CHECK_S = 0.25
+"""How often a waiting search looks whether the claim is still there (seconds): one small
+file's read, and the claimant removes its claim just after writing the row, so the row is
+read within this of being written rather than up to POLL_S later."""
 _HELD_HERE: set[str] = set()
 """The tokens of the claims this process holds: one of its pid that is not among them was
 left behind (a second Ctrl-C as it was being removed), and a later search of the same
@@ -112,7 +118,16 @@ class LayoutClaim:
                 say(f"{self.trial}: waiting for it, being measured by {found} (stamped "
                     f"{stamped}); its row is read from {self.file.path} once written")
             waited = found
-            time.sleep(POLL_S)
+            self._sleep_while_held_by(found)
+
+    def _sleep_while_held_by(self, holder: Claimant) -> None:
+        """Sleep until the claim `holder` made is gone or replaced, POLL_S at most."""
+        deadline = time.monotonic() + POLL_S
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(CLAIM_CHECK_S, left))
+            now = self._holder()
+            if now is None or now.token != holder.token:
+                return
 
     def take(self) -> dict[str, Any] | Claimant | None:
         """At once, under the file's lock: the file's row to use, or the claim of the live

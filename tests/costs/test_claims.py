@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -270,6 +271,37 @@ def test_a_search_launches_its_other_layouts_before_waiting_for_one_another_meas
     assert sorted(row["step_time_s"] for row in answer["rows"]) == pytest.approx(
         sorted([best["step_time_s"], second["step_time_s"]]))
     assert f": ok, {best['step_time_s']:.2f} s per step, measured by another search" in err
+
+
+def test_a_waiting_search_reads_the_row_once_the_claim_is_gone_not_at_its_next_poll(
+        tmp_path, monkeypatch):
+    # The file was read every POLL_S (5 s) alone: each layout waited for cost up to that
+    # after its row was written, the last one of a search sharing its file included.
+    monkeypatch.setattr("layoutsearch.costs.claims.POLL_S", 60.0)
+    row = first_launch(tmp_path)
+    measurements = MeasurementFile(tmp_path / "shared.csv")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        claim = write_claim(measurements.path, row, sleeper.pid, HOST)
+
+        def other_search_ends() -> None:  # its row is written, then its claim removed
+            time.sleep(0.5)
+            measurements.append(row)
+            claim.unlink()
+
+        ends = threading.Thread(target=other_search_ends)
+        waiter = LayoutClaim(measurements, row, "local: a trial", since=0, retry=())
+        started = time.monotonic()
+        ends.start()
+        recorded = waiter.acquire()
+        waited_s = time.monotonic() - started
+        ends.join()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert recorded is not None and recorded["step_time_s"] == pytest.approx(row["step_time_s"])
+    assert 0.5 <= waited_s < 10  # well before the next read of the file, 60 s on
+    assert not waiter.held
 
 
 class SeesItsClaim:
