@@ -12,9 +12,10 @@ study's llama_13b, 64 A100 80GB, 2k sequence, global batch 2048, the paper space
    what was recorded before the kill, what the restart launched, and whether any recorded
    layout was launched again (the trial in flight at the kill stops with the search and,
    having no row, is measured again);
-3. two measured searches of that job started at once on one measurement file (a parallel
-   multirun, two notebooks): how many launches between them, whether any layout was
-   launched twice, and whether both answer with the same best layout.
+3. the same measured search alone on a file of its own, then two of them started at once on
+   one measurement file (a parallel multirun, two notebooks): how many launches between
+   them and by each, whether any layout was launched twice, whether both answer with the
+   same best layout, and the wall time beside the one search's.
 
     python benchmarks/measured_search.py [--top-k 8] [--workdir DIR]
 """
@@ -44,6 +45,10 @@ HANG_TIMEOUT_S = 5.0
 KILL_AFTER_ROWS = 2
 RESUME_TOP_K = 4
 SLEEP_PER_ITERATION_S = 0.4  # slows each fake launch to ~2.5 s so the kill lands mid-search
+SHARED_SLEEP_PER_ITERATION_S = 1.0
+"""~6 s a fake launch when two searches share a file: the launches, not the ~5 s each search
+takes to start and prescreen, are most of the wall time, as with real trials of minutes to
+hours."""
 
 
 def failures_and_prescreen(workdir: Path, top_k: int) -> None:
@@ -77,7 +82,7 @@ from layoutsearch.reporting.explain import label
 from layoutsearch.testing import fake_measured_model
 model = fake_measured_model(sys.argv[1], top_k=int(sys.argv[2]), sleep_s=float(sys.argv[3]))
 ranked = layoutsearch.search(cost_model=model, **json.loads(sys.argv[4]))
-print(label(ranked.iloc[0]))
+print(model.launched, label(ranked.iloc[0]))
 """
 
 
@@ -118,24 +123,33 @@ def kill_and_resume(workdir: Path) -> None:
           f"{relaunched}, duplicate rows: {duplicates}")
 
 
-def two_at_once(workdir: Path) -> None:
+def _searches_at_once(workdir: Path, count: int) -> tuple[list[str], float]:
+    """`count` searches of the job started together on `workdir`'s file: each one's output
+    line (its launches and best layout), and the wall time until the last ended."""
     start = time.perf_counter()
-    searches = [subprocess.Popen(_search_argv(workdir, SLEEP_PER_ITERATION_S),
+    searches = [subprocess.Popen(_search_argv(workdir, SHARED_SLEEP_PER_ITERATION_S),
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-                for _ in range(2)]
-    outputs = [search.communicate()[0] for search in searches]
+                for _ in range(count)]
+    outputs = [search.communicate()[0].strip().splitlines()[-1] for search in searches]
     seconds = time.perf_counter() - start
     if any(search.returncode for search in searches):
         raise SystemExit(f"a search sharing the file failed: {[s.returncode for s in searches]}")
-    launched = launches(workdir)
-    rows = read_measurements(workdir / "measurements.csv")
+    return outputs, seconds
+
+
+def two_at_once(workdir: Path) -> None:
+    (_,), alone_s = _searches_at_once(workdir / "alone", 1)
+    outputs, seconds = _searches_at_once(workdir / "shared", 2)
+    launched = launches(workdir / "shared")
+    rows = read_measurements(workdir / "shared" / "measurements.csv")
     duplicates = int(rows.duplicated(subset=list(LAYOUT_COLUMNS)).sum())
-    bests = [output.strip().splitlines()[-1] for output in outputs]
+    each = [int(output.split(" ", 1)[0]) for output in outputs]
+    bests = [output.split(" ", 1)[1] for output in outputs]
     print(f"\n== two searches at once on one file (top_k={RESUME_TOP_K} each)")
-    print(f"launches: {len(launched)} in all, layouts launched twice: "
-          f"{len(launched) - len(set(launched))}; rows {len(rows)}, duplicate rows: "
-          f"{duplicates}; both best {bests[0]}: {bests[0] == bests[1]}; wall time "
-          f"{seconds:.1f} s")
+    print(f"launches: {len(launched)} in all ({' + '.join(map(str, each))}), layouts launched "
+          f"twice: {len(launched) - len(set(launched))}; rows {len(rows)}, duplicate rows: "
+          f"{duplicates}; both best {bests[0]}: {bests[0] == bests[1]}")
+    print(f"wall time {seconds:.1f} s; one such search alone {alone_s:.1f} s")
 
 
 def main() -> None:
@@ -148,7 +162,7 @@ def main() -> None:
         root = (args.workdir or Path(scratch)).resolve()
         failures_and_prescreen(root / "failures", args.top_k)
         kill_and_resume(root / "resume")
-        two_at_once(root / "shared")
+        two_at_once(root / "two")
 
 
 if __name__ == "__main__":
