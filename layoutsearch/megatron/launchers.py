@@ -10,6 +10,7 @@ turns that into a status and figures; launchers never interpret output.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from layoutsearch.errors import LayoutSearchError
 from layoutsearch.interrupts import start_deferring_interrupts
 from layoutsearch.lifetime import STOP_GRACE_S, stop_process_tree, stop_with_parent
 from layoutsearch.megatron.args import MegatronCommand
+from layoutsearch.megatron.gpu_lock import holding_the_gpus
 from layoutsearch.megatron.scripts import (
     enter_checkout,
     torchrun_argv,
@@ -131,10 +133,14 @@ class LocalLauncher:
     trains = True
 
     def __init__(self, settings: MegatronSettings, max_nodes: int | None = 1,
-                 stop_grace_s: float = STOP_GRACE_S) -> None:
+                 stop_grace_s: float = STOP_GRACE_S, holds_gpus: bool = True) -> None:
         self.settings = settings
         self.max_nodes = max_nodes
         """Nodes one torchrun may span (1 on a real node; None for a fake cluster)."""
+        self.holds_gpus = holds_gpus
+        """Whether a trial holds this machine's GPUs while it runs, so that the trials of
+        other searches here wait for it (gpu_lock.py); False for the fake Megatron-LM,
+        whose trials use no GPU."""
         self.stop_grace_s = stop_grace_s
         """Seconds a stopped trial's torchrun has to stop its ranks before all are killed."""
 
@@ -162,7 +168,10 @@ class LocalLauncher:
         argv = torchrun_argv(command, self.settings)
         trial.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(self.environment(command))
-        with trial.log_path.open("w") as log:
+        gpus = (holding_the_gpus(f"{self.name}: {trial.name}") if self.holds_gpus
+                else contextlib.nullcontext())
+        # The time limit counts from the start, after any wait for the GPUs.
+        with gpus, trial.log_path.open("w") as log:
             try:
                 # A session of its own: a group to signal, out of reach of the terminal.
                 process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,

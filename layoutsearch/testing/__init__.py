@@ -97,12 +97,14 @@ def fake_measured_model(workdir: str | Path, *, prescreen: str | None = "analyti
     `workdir/measurements.csv` unless `measurements` names another file).
 
     Its launcher runs every layout as one fake torchrun, however many nodes it spans (a
-    real `local` launcher runs one node). `fake` goes to `fake_megatron_settings`.
+    real `local` launcher runs one node), and holds no GPUs: the fake trials of searches
+    sharing a file run at once, as Slurm jobs would. `fake` goes to
+    `fake_megatron_settings`.
     """
     settings = fake_megatron_settings(workdir, **fake)
     return MeasuredCostModel(
         settings=settings, measurements=measurements or Path(workdir) / "measurements.csv",
-        launcher=LocalLauncher(settings, max_nodes=None),
+        launcher=LocalLauncher(settings, max_nodes=None, holds_gpus=False),
         prescreen=build_cost_model(prescreen) if prescreen else None, top_k=top_k)
 
 

@@ -1,0 +1,67 @@
+"""This machine's GPUs, held by one local trial at a time.
+
+The `local` launcher runs torchrun on this machine with a rank on each of its GPUs. Two such
+trials at once (two searches sharing a measurement file, the jobs of a `--multirun` with a
+parallel launcher, a notebook beside a command) would put two ranks on every GPU: each
+would run at about half speed, or run out of memory, and the run that the measurement file
+keeps for good would be wrong; the second torchrun would also find the first's rendezvous
+port taken. So a local trial holds this machine's GPUs, with flock(2) on a lock file of its
+temporary folder, and a trial of another search waits for them. The lock ends with its
+process, however that ends. It is one lock for the machine, whatever CUDA_VISIBLE_DEVICES
+says: searches given GPUs of their own would still share the port.
+
+    with holding_the_gpus("local: launch 2 of 8: llama_13b_..."):
+        ...  # torchrun, its ranks, until they are stopped
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from layoutsearch.progress import say
+
+if sys.platform != "win32":  # where there is no flock, `import layoutsearch` still works
+    import fcntl
+
+LOCK_FOLDER = Path(tempfile.gettempdir())
+"""Where the lock file is: this machine's own temporary folder (a shared file system's
+folder would make the GPUs of every machine one)."""
+
+
+def lock_path() -> Path:
+    """The lock file of this machine's GPUs."""
+    return LOCK_FOLDER / "layoutsearch-gpus.lock"
+
+
+@contextlib.contextmanager
+def holding_the_gpus(trial: str) -> Iterator[None]:
+    """Hold this machine's GPUs until the block ends, waiting (and saying so, as `trial`)
+    while another search's trial holds them. Ctrl-C stops the wait."""
+    if sys.platform == "win32":  # no flock there, and no torchrun trials of ours either
+        yield
+        return
+    path = lock_path()
+    try:
+        # Read-only is enough for flock, so another user's lock file serves as well; 0o666
+        # lets users who share a machine share its GPUs' lock (the umask may narrow it).
+        descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+    except OSError as error:
+        say(f"{trial}: cannot lock this machine's GPUs with {path} ({error}); launching "
+            "without, so a trial of another search here may run on them at the same time")
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"{trial}: waiting for this machine's GPUs, which a trial of another search "
+                f"runs on ({path})")
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # lets go of the lock

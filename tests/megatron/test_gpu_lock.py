@@ -1,0 +1,98 @@
+"""One local trial at a time on this machine's GPUs (megatron/gpu_lock.py)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from layoutsearch.catalog import load_cluster, load_model
+from layoutsearch.layout import Layout
+from layoutsearch.megatron import LocalLauncher, Trial, build_command, parse_log
+from layoutsearch.megatron.gpu_lock import holding_the_gpus, lock_path
+from layoutsearch.specs import Job
+from layoutsearch.testing import fake_megatron_settings, launches
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock and fork are Unix's")
+
+JOB = Job(model=load_model("llama_7b"), cluster=load_cluster("a100_80gb"), num_gpus=8,
+          seq_length=2048, global_batch_size=64)
+
+
+@pytest.fixture(autouse=True)
+def lock_folder(tmp_path, monkeypatch) -> Path:
+    """The lock files in the test's folder, not this machine's /tmp (forks inherit it)."""
+    folder = tmp_path / "locks"
+    folder.mkdir()
+    monkeypatch.setattr("layoutsearch.megatron.gpu_lock.LOCK_FOLDER", folder)
+    return folder
+
+
+def _hold(seconds: float, held, released) -> None:
+    with holding_the_gpus("local: the other search's trial"):
+        held.set()
+        time.sleep(seconds)
+        released.value = time.time()
+
+
+def held_elsewhere(seconds: float):
+    """A process holding this machine's GPUs for `seconds`, as another search's trial
+    would; its `released` value is when it let go (seconds since the epoch)."""
+    context = multiprocessing.get_context("fork")
+    held, released = context.Event(), context.Value("d", 0.0)
+    process = context.Process(target=_hold, args=(seconds, held, released))
+    process.start()
+    assert held.wait(30)
+    return process, released
+
+
+def test_a_trial_waits_for_the_gpus_another_searchs_trial_holds_and_says_so(capsys):
+    other, released = held_elsewhere(1.0)
+    with holding_the_gpus("local: launch 2 of 8: llama_7b_x"):
+        acquired = time.time()
+    other.join()
+    assert acquired >= released.value > 0
+    assert capsys.readouterr().err == (
+        "local: launch 2 of 8: llama_7b_x: waiting for this machine's GPUs, which a trial of "
+        f"another search runs on ({lock_path()})\n")
+
+
+def test_the_gpus_of_a_process_that_died_holding_them_are_free(capsys):
+    other, _ = held_elsewhere(60.0)
+    other.kill()  # no release of its own: the lock ends with its process
+    other.join()
+    with holding_the_gpus("local: t"):
+        pass
+    assert capsys.readouterr().err == ""
+
+
+def test_the_local_launcher_starts_its_trial_once_the_gpus_are_free_and_times_it_from_there(
+        tmp_path, capsys):
+    # The wait (4 s) is longer than the trial's time limit (3 s): counted in, the trial
+    # would be killed as a hang before it trained.
+    settings = fake_megatron_settings(tmp_path, timeout_s=3)
+    command = build_command(Layout(tp=1, dp=8, rmsnorm_kernel=True), JOB, settings)
+    other, released = held_elsewhere(4.0)
+    log = LocalLauncher(settings).run(Trial(name="t", command=command,
+                                            log_path=tmp_path / "t.log"))
+    other.join()
+    assert not log.timed_out and parse_log(log.text).status == "ok"
+    assert (tmp_path / "t.log").stat().st_mtime >= released.value  # trained after the wait
+    assert len(launches(tmp_path)) == 1
+    assert "local: t: waiting for this machine's GPUs" in capsys.readouterr().err
+
+
+def test_the_fake_launcher_of_a_fake_cluster_holds_no_gpus(tmp_path, capsys):
+    settings = fake_megatron_settings(tmp_path)
+    command = build_command(Layout(tp=1, dp=8, rmsnorm_kernel=True), JOB, settings)
+    other, _ = held_elsewhere(60.0)
+    try:
+        log = LocalLauncher(settings, max_nodes=None, holds_gpus=False).run(
+            Trial(name="t", command=command, log_path=tmp_path / "t.log"))
+    finally:
+        other.terminate()
+        other.join()
+    assert parse_log(log.text).status == "ok" and capsys.readouterr().err == ""
