@@ -1198,7 +1198,7 @@ def test_an_optuna_search_answers_with_every_run_the_file_holds_of_its_job(tmp_p
 
 
 def test_local_optuna_workers_are_refused_a_measured_search_on_one_nodes_gpus(tmp_path):
-    # Each would launch a trial at once on the same GPUs and port: a row of contention.
+    # Each would launch a trial at once on the node's GPUs, which one trial holds at a time.
     driver = {"name": "optuna", "n_trials": 2, "n_workers": 2, "seed": 0, "progress": False,
               "storage": f"sqlite:///{tmp_path / 'study.db'}"}
     model = fake_measured_model(tmp_path, top_k=1)

@@ -336,16 +336,17 @@ class OptunaDriver:
             optuna.logging.set_verbosity(verbosity)
 
     def _refuse_workers_sharing_gpus(self, problem: SearchProblem) -> None:
-        """Local workers each launch a trial at once; on the one-node local launcher they
-        would share its GPUs and rendezvous port, and time each other's contention."""
+        """Local workers each launch a trial at once; on the one-node local launcher their
+        trials take turns on its GPUs (gpu_lock.py), so more workers would only hold trials
+        of the study open while they wait."""
         model = problem.cost_model
         if (self.n_workers > 1 and isinstance(model, MeasuredCostModel)
                 and model.launcher.name == "local"):
             raise LayoutSearchError(
                 f"driver.n_workers={self.n_workers}: with cost_models=measured and the local "
                 f"launcher, the workers would train {self.n_workers} layouts at once on this "
-                f"node's GPUs, on one rendezvous port ({model.settings.master_port}), and "
-                "record what that contention measures; use driver.n_workers=1, or "
+                "node's GPUs, which one local trial holds at a time, so they would take "
+                "turns, no faster than one worker; use driver.n_workers=1, or "
                 "cost_models.launcher=slurm (a job per trial)")
 
     def _price_again(self, study: optuna.Study, problem: SearchProblem,
