@@ -473,14 +473,16 @@ class MeasuredCostModel:
                 _tell(_outcome_line(trial, recorded, "measured by another search, read from "
                                     f"{self.file.path}"))
                 return recorded
-            if self.launcher.trains:
-                # A trial trains for minutes to hours before its result line: say it runs.
-                limit_s = trial_time_limit_s(self.settings, predicted_step_s)
-                limit = f"{limit_s:.0f} s" if limit_s < 600 else f"{limit_s / 60:.0f} min"
+            # A trial trains for minutes to hours before its result line: say it runs.
+            limit_s = trial_time_limit_s(self.settings, predicted_step_s)
+            limit = f"{limit_s:.0f} s" if limit_s < 600 else f"{limit_s / 60:.0f} min"
+
+            def say_started() -> None:
                 _tell(f"{trial}: started, time limit {limit} (log {log_path})")
+
             return self._launch_and_record(row, clusters, Trial(
-                name=name, command=command, log_path=log_path, step_time_s=predicted_step_s),
-                trial)
+                name=name, command=command, log_path=log_path, step_time_s=predicted_step_s,
+                on_start=say_started if self.launcher.trains else None, said_as=trial), trial)
 
     def _launch_and_record(self, row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec],
                            launch: Trial, trial: str) -> dict[str, Any] | str:

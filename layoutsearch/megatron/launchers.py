@@ -44,6 +44,12 @@ class Trial:
     step_time_s: float | None = None
     """The layout's predicted seconds per step (None: no prediction); it raises the trial's
     wall-clock limit above `timeout_s` for a long run (`scripts.trial_time_limit_s`)."""
+    on_start: Callable[[], None] | None = None
+    """Called as the trial starts, to say so: a local torchrun once this machine's GPUs are
+    free (a trial of another search may hold them), a Slurm job as it is submitted."""
+    said_as: str = ""
+    """How the lines a launcher says of the trial name it ("local: launch 3 of 8: NAME", as
+    the measured search's own lines do); "" for the launcher's name and `name`."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -168,10 +174,12 @@ class LocalLauncher:
         argv = torchrun_argv(command, self.settings)
         trial.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(self.environment(command))
-        gpus = (holding_the_gpus(f"{self.name}: {trial.name}") if self.holds_gpus
-                else contextlib.nullcontext())
+        said_as = trial.said_as or f"{self.name}: {trial.name}"
+        gpus = holding_the_gpus(said_as) if self.holds_gpus else contextlib.nullcontext()
         # The time limit counts from the start, after any wait for the GPUs.
         with gpus, trial.log_path.open("w") as log:
+            if trial.on_start:
+                trial.on_start()
             try:
                 # A session of its own: a group to signal, out of reach of the terminal.
                 process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -284,6 +292,8 @@ class SlurmLauncher:
             time_limit_s=trial_time_limit_s(self.settings, trial.step_time_s), name=trial.name,
             first_lines=[enter_checkout(self.settings)]))
         env = {**command.env, "MASTER_PORT": str(self.settings.master_port)}
+        if trial.on_start:
+            trial.on_start()
         job = executor.submit(_run_node, torchrun_argv(command, self.settings), env,
                               str(self.settings.checkout))
         try:
