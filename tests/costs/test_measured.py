@@ -357,9 +357,9 @@ def test_a_ctrl_c_pressed_as_a_slurm_job_ends_stops_the_search_after_its_row(
         layoutsearch.search(cost_model=model, **SMALL_JOB)
     assert [job.cancelled for job in executor.jobs] == [False]
     rows = read_measurements(tmp_path / "measurements.csv")
-    assert list(rows["status"]) == ["ok"] and list(rows["step_time_s"]) == [1.5]
+    assert list(rows["status"]) == ["ok"] and list(rows["step_time_s"]) == [3.0]
     told = without_starts(capsys.readouterr().err.splitlines())
-    assert re.fullmatch(r"slurm: launch 1 of 2: llama_7b_\S+: ok, 1\.50 s per step "
+    assert re.fullmatch(r"slurm: launch 1 of 2: llama_7b_\S+: ok, 3\.00 s per step "
                         r"\(log \S+\)", told[0]), told
     assert told[1:] == [INTERRUPTED_LINE.format(file=tmp_path / "measurements.csv")]
 
