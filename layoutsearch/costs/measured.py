@@ -643,11 +643,14 @@ class MeasuredCostModel:
             with noticing_interrupts():
                 # A layout another search measures is waited for last: launching the rest
                 # first, searches sharing the file split the launches instead of queueing
-                # behind one another's (one layout alone is simply waited for).
+                # behind one another's. The last layout to launch ("launch 8 of 8", or one
+                # alone, which has no position) is waited for at once: none is left to
+                # launch first.
+                last = max((n for n, i in enumerate(chosen) if i in positions), default=0)
                 later = []
-                for i in chosen:
+                for n, i in enumerate(chosen):
                     raise_if_interrupted()
-                    if not price(i, wait=len(chosen) == 1):
+                    if not price(i, wait=n >= last):
                         later.append(i)
                 for i in later:
                     raise_if_interrupted()

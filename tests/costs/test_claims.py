@@ -304,6 +304,39 @@ def test_a_waiting_search_reads_the_row_once_the_claim_is_gone_not_at_its_next_p
     assert not waiter.held
 
 
+def test_the_last_layout_to_launch_that_another_search_measures_is_waited_for_at_once(
+        tmp_path):
+    # Two searches of the same layouts each ended saying of the last one the other held
+    # "launching the others first", with none left to launch, then waited for it.
+    both = tmp_path / "both"
+    layoutsearch.search(cost_model=fake_measured_model(both, top_k=2), **SMALL_JOB)
+    best, last = MeasurementFile(both / "measurements.csv").runs()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    measurements = MeasurementFile(shared / "measurements.csv")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    write_claim(measurements.path, last, sleeper.pid, HOST)
+    search = subprocess.Popen([sys.executable, "-c", WAITING_SEARCH, str(shared), "[]", "2"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        told = read_until(search.stderr, "waiting for it")
+        assert re.fullmatch(r"local: launch 2 of 2: llama_7b_\S+: waiting for it, being "
+                            rf"measured by pid {sleeper.pid} on host {re.escape(HOST)} .*",
+                            told[-1]), told
+        assert not [line for line in told if "launching the others first" in line], told
+        (launched,) = measurements.runs()
+        assert measurement_key(launched) == measurement_key(best)
+        measurements.append(last)  # the other search's run ends
+        out, err = search.communicate(timeout=60)
+    finally:
+        for process in (search, sleeper):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert search.returncode == 0, err
+    assert json.loads(out)["launched"] == 1 and len(launches(shared)) == 1
+
+
 class SeesItsClaim:
     """A launcher that notes the claims beside the file while its trial runs, then ends
     the trial as the wrapped launcher does, or as Ctrl-C does."""
