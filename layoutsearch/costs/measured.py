@@ -521,12 +521,17 @@ class MeasuredCostModel:
             impossible = _beyond_the_gpu(measured, job)
             if impossible:
                 gpu = job.cluster.gpu
+                earlier = self.launched - 1  # runs this search recorded before this one
                 raise LayoutSearchError(
                     f"cost_models=measured stopped: {launch.name} cannot have run on "
                     f"{gpu.name} GPUs, as the job says: {impossible} (log {launch.log_path}). "
                     f"Search with the cluster of the GPUs the launcher runs on (cluster=NAME "
                     f"on the command line, cluster= in Python); nothing was recorded for it, "
-                    f"as it would be filed under {gpu.name}; {self._what_the_file_keeps()}")
+                    f"as it would be filed under {gpu.name}; " + (
+                        f"the {earlier} run{'s' if earlier > 1 else ''} this search recorded "
+                        f"before it in {self.file.path} may have run on those GPUs too: "
+                        "check them, and remove them from the file if so" if earlier else
+                        self._what_the_file_keeps()))
             self.file.append(measured)
             _tell(_outcome_line(trial, measured))
             return measured

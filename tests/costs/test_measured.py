@@ -624,6 +624,19 @@ def test_a_run_faster_than_the_jobs_gpu_can_stop_the_search_and_records_nothing(
     assert ranked["fits"].sum() == 2 and (ranked["mfu"].dropna() < 1).all()
 
 
+def test_a_run_on_other_gpus_names_the_runs_its_search_recorded_before_it(tmp_path):
+    # Its first launch ran out of memory (no figures to judge, recorded); its second ran
+    # beyond the A100's peak: the first, on the same H100s, is an A100 row in the file.
+    model = fake_measured_model(tmp_path, top_k=2, gpu="h100_sxm", inject="1=oom")
+    with pytest.raises(LayoutSearchError) as stop:
+        layoutsearch.search(cost_model=model, cluster="a100_80gb", **SMALL_JOB)
+    assert str(stop.value).endswith(
+        f"nothing was recorded for it, as it would be filed under a100_80gb; the 1 run this "
+        f"search recorded before it in {model.file.path} may have run on those GPUs too: "
+        "check them, and remove them from the file if so")
+    assert list(read_measurements(model.file.path)["status"]) == ["oom"]
+
+
 def job_on(model: str, gpu: str, seq_length: int) -> Job:
     return Job(model=load_model(model), cluster=load_cluster(gpu), num_gpus=8,
                seq_length=seq_length, global_batch_size=64)
