@@ -101,7 +101,7 @@ class LayoutClaim:
         self.file, self.trial, self.since, self.retry = file, trial, since, tuple(retry)
         self.key = measurement_key(row)
         digest = hashlib.sha1(repr(self.key).encode()).hexdigest()[:16]
-        self.path = claims_folder(file.path) / f"{digest}.json"
+        self.path = claims_folder(file.real_path) / f"{digest}.json"
         self.token = uuid.uuid4().hex
         self.held = False
 

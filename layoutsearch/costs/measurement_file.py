@@ -81,6 +81,11 @@ class MeasurementFile:
     def __init__(self, path: str | Path) -> None:
         # `~` expanded, as pandas expands it on reading: open() would take it literally.
         self.path = Path(path).expanduser()
+        self.real_path = Path(os.path.realpath(self.path))
+        """The file itself where `path` is a symbolic link (a team's shared file, linked
+        into each user's folder): its lock, its claims and a rewrite's temporary go beside
+        it, so that searches naming it by other links share them, and a rewrite (Parquet,
+        added columns) replaces the file rather than the link."""
 
     def is_empty(self) -> bool:
         """Whether nothing was written yet: no file, or one of 0 bytes."""
@@ -102,7 +107,7 @@ class MeasurementFile:
         """Hold an exclusive lock beside the file: local optuna workers and concurrent
         sweeps append to one file, a Parquet append rewrites it, and a search claims a
         layout (costs/claims.py) only after reading the file again."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.real_path.parent.mkdir(parents=True, exist_ok=True)
         if sys.platform == "win32":  # unlocked: no flock, and no local workers fork there
             yield
             return
@@ -124,12 +129,12 @@ class MeasurementFile:
         (a writable measurement file in a read-only folder, which appends alone still
         work in), the folder itself; None where neither can be opened."""
         try:
-            return os.open(self.path.with_name(f".{self.path.name}.lock"),
+            return os.open(self.real_path.with_name(f".{self.real_path.name}.lock"),
                            os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
         except OSError:
             pass
         try:
-            return os.open(self.path.parent, os.O_RDONLY)
+            return os.open(self.real_path.parent, os.O_RDONLY)
         except OSError:
             return None
 
@@ -193,11 +198,11 @@ class MeasurementFile:
     def _replace(self, write: Callable[[Any], None], binary: bool = False) -> None:
         """The file written anew by `write(handle)` into a temporary beside it, then moved
         over it: a kill midway leaves the old file whole."""
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        temporary = self.real_path.with_name(f".{self.real_path.name}.{os.getpid()}.tmp")
         with temporary.open("wb" if binary else "w", newline=None if binary else "") as handle:
             write(handle)
             _sync(handle)
-        os.replace(temporary, self.path)
+        os.replace(temporary, self.real_path)
 
 
 def _sync(handle: Any) -> None:

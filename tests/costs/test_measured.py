@@ -914,6 +914,34 @@ def test_a_parquet_measurement_file_is_appended_to_as_parquet(tmp_path, measurem
 
 
 @pytest.mark.parametrize("name", ["runs.csv", "runs.parquet"])
+def test_a_measurement_file_named_by_a_link_is_written_and_locked_as_the_file_itself(
+        tmp_path, measurement_row, name):
+    # A Parquet append (a rewrite) replaced the link with a file of its own, so the shared
+    # file it named stopped getting rows; and searches naming the file by two links locked
+    # and claimed beside each link, apart.
+    team = tmp_path / "team"
+    team.mkdir()
+    shared = team / name
+    MeasurementFile(shared).append(measurement_row)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    link = mine / name
+    link.symlink_to(shared)
+    model = fake_measured_model(mine, top_k=1, measurements=link)
+    layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert model.launched == 1 and link.is_symlink()
+    assert len(read_measurements(shared)) == 2
+    assert sorted(p.name for p in team.iterdir()) == sorted(
+        [name, f".{name}.lock", f".{name}.claims"])
+    assert sorted(p.name for p in mine.iterdir()) == ["launches.txt", "logs", name]
+    # The same layout, asked through the file's own name, is read from the row written
+    # through the link: nothing is launched again.
+    again = fake_measured_model(mine, top_k=1, measurements=shared)
+    layoutsearch.search(cost_model=again, **SMALL_JOB)
+    assert again.launched == 0
+
+
+@pytest.mark.parametrize("name", ["runs.csv", "runs.parquet"])
 def test_each_recorded_row_is_forced_to_the_disk(tmp_path, monkeypatch, measurement_row, name):
     # The test process skips fsync (conftest: a killed process loses nothing the kernel
     # holds), so this checks the sync itself: a machine that loses power mid-search must
