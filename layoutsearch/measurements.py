@@ -116,6 +116,15 @@ def _lookalikes(frame: pd.DataFrame, wanted: Collection[str]) -> dict[str, list[
             for close in [closest_names(column, wanted)] if close}
 
 
+def with_default(column: pd.Series, default: int | bool | str) -> pd.Series:
+    """An optional column with its blank cells taken as `default`. A column whose cells
+    are all blank was read as float64: a flag's or a name's default goes into it as an
+    object, which pandas 3 warns of and pandas 4 refuses to fill into floats."""
+    if type(default) is not int and column.dtype.kind == "f":
+        column = column.astype(object)
+    return column.fillna(default)
+
+
 def _fail(source: str, row: str, column: str, message: str) -> LayoutSearchError:
     return LayoutSearchError(f"{source}: {row}, column {column!r}: {message}")
 
@@ -199,8 +208,7 @@ def validate_measurements(
     rows = row_names(frame)
     out = frame.copy().reset_index(drop=True)
     for column, default in OPTIONAL_DEFAULTS.items():
-        filled = out[column].fillna(default) if column in out.columns else default
-        out[column] = filled
+        out[column] = with_default(out[column], default) if column in out.columns else default
     for column in (*INTEGER_COLUMNS, *OPTIONAL_INTEGERS):
         out[column] = _as_int(out, column, source, rows)
     for column in (*BOOLEAN_COLUMNS, *OPTIONAL_BOOLEANS):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,28 @@ def test_booleans_accept_several_spellings(
 def test_optional_columns_fill_their_gaps(measurement_row: dict[str, Any]) -> None:
     frame = pd.DataFrame([{**measurement_row, "cp": None}, {**measurement_row, "cp": 1}])
     assert validate_measurements(frame)["cp"].tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("suffix", ["csv", "parquet"])
+def test_optional_columns_left_blank_in_every_row_take_their_defaults_without_a_warning(
+        tmp_path: Path, measurement_row: dict[str, Any], suffix: str) -> None:
+    # Read as float64 (every cell blank), a flag's or a name's default was filled into
+    # floats: pandas 3 warns of it, and pandas 4 refuses.
+    blank = {"distributed_optimizer": None, "overlap_grad_reduce": None,
+             "normalization": None, "cp": None, "vp": None}
+    frame = pd.DataFrame([{**row, **blank} for row in three_rows(measurement_row)])
+    path = tmp_path / f"runs.{suffix}"
+    if suffix == "csv":
+        frame.to_csv(path, index=False)
+    else:
+        frame.to_parquet(path, index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runs = read_measurements(path)
+    assert list(runs["distributed_optimizer"]) == [False] * 3
+    assert list(runs["overlap_grad_reduce"]) == [False] * 3
+    assert list(runs["normalization"]) == ["RMSNorm"] * 3
+    assert list(runs["cp"]) == [1] * 3 and list(runs["vp"]) == [1] * 3
 
 
 def test_missing_column_is_named(tmp_path: Path, measurement_row: dict[str, Any]) -> None:

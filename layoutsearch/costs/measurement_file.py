@@ -32,6 +32,7 @@ from layoutsearch.measurements import (
     as_searched,
     read_table,
     validate_measurements,
+    with_default,
 )
 from layoutsearch.progress import say
 from layoutsearch.table_files import is_parquet, parse_csv
@@ -192,7 +193,7 @@ class MeasurementFile:
         new = pd.DataFrame([dict(row)], columns=list(dict.fromkeys([*FILE_COLUMNS, *row])))
         table = new if empty else pd.concat([read_table(self.path), new], ignore_index=True)
         for column, default in OPTIONAL_DEFAULTS.items():
-            table[column] = table[column].fillna(default)
+            table[column] = with_default(table[column], default)
         self._replace(lambda handle: table.to_parquet(handle, index=False), binary=True)
 
     def _replace(self, write: Callable[[Any], None], binary: bool = False) -> None:
