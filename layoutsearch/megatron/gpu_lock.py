@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,9 +27,11 @@ from layoutsearch.progress import say
 if sys.platform != "win32":  # where there is no flock, `import layoutsearch` still works
     import fcntl
 
-LOCK_FOLDER = Path(tempfile.gettempdir())
-"""Where the lock file is: this machine's own temporary folder (a shared file system's
-folder would make the GPUs of every machine one)."""
+LOCK_FOLDER = Path("/tmp")
+"""Where the lock file is: this machine's own temporary folder, the same for every user and
+search. Not $TMPDIR (tempfile.gettempdir()): a user's or a Slurm job's own folder would give
+each search a lock of its own, and one on a shared file system would make the GPUs of every
+machine one, or take no flock at all."""
 
 
 def lock_path() -> Path:
@@ -47,14 +48,23 @@ def holding_the_gpus(trial: str) -> Iterator[None]:
         return
     path = lock_path()
     try:
-        # Read-only is enough for flock, so another user's lock file serves as well; 0o666
-        # lets users who share a machine share its GPUs' lock (the umask may narrow it).
-        descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
-    except OSError as error:
+        descriptor = _locked(path, trial)
+    except OSError as error:  # no lock file to be had, or a file system that takes no flock
         say(f"{trial}: cannot lock this machine's GPUs with {path} ({error}); launching "
             "without, so a trial of another search here may run on them at the same time")
         yield
         return
+    try:
+        yield
+    finally:
+        os.close(descriptor)  # lets go of the lock
+
+
+def _locked(path: Path, trial: str) -> int:
+    """The lock file, opened and locked: waited for while another search's trial holds it."""
+    # Read-only is enough for flock, so another user's lock file serves as well; 0o666
+    # lets users who share a machine share its GPUs' lock (the umask may narrow it).
+    descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
     try:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -62,6 +72,7 @@ def holding_the_gpus(trial: str) -> Iterator[None]:
             say(f"{trial}: waiting for this machine's GPUs, which a trial of another search "
                 f"runs on ({path})")
             fcntl.flock(descriptor, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(descriptor)  # lets go of the lock
+    except BaseException:  # Ctrl-C while waiting, or no flock there: nothing held
+        os.close(descriptor)
+        raise
+    return descriptor

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -96,3 +99,27 @@ def test_the_fake_launcher_of_a_fake_cluster_holds_no_gpus(tmp_path, capsys):
         other.terminate()
         other.join()
     assert parse_log(log.text).status == "ok" and capsys.readouterr().err == ""
+
+
+def test_the_lock_is_the_machines_whatever_tmpdir_says(tmp_path):
+    # A TMPDIR of the user's or of a Slurm job would give each search a lock of its own,
+    # and one on a shared file system one lock for the GPUs of every machine.
+    code = "from layoutsearch.megatron.gpu_lock import lock_path; print(lock_path())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "TMPDIR": str(tmp_path)}).stdout
+    assert out.strip() == "/tmp/layoutsearch-gpus.lock"
+
+
+def test_a_trial_is_launched_unlocked_where_the_lock_file_takes_no_flock(monkeypatch, capsys):
+    def no_flock(descriptor: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")  # NFS without its lock daemon
+
+    monkeypatch.setattr("layoutsearch.megatron.gpu_lock.fcntl.flock", no_flock)
+    opened = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    with holding_the_gpus("local: t"):
+        ran = True
+    assert ran
+    assert capsys.readouterr().err.startswith(
+        f"local: t: cannot lock this machine's GPUs with {lock_path()} ([Errno")
+    if opened is not None:
+        assert len(os.listdir("/proc/self/fd")) == opened  # the lock file's descriptor closed
