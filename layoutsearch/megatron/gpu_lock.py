@@ -62,9 +62,7 @@ def holding_the_gpus(trial: str) -> Iterator[None]:
 
 def _locked(path: Path, trial: str) -> int:
     """The lock file, opened and locked: waited for while another search's trial holds it."""
-    # Read-only is enough for flock, so another user's lock file serves as well; 0o666
-    # lets users who share a machine share its GPUs' lock (the umask may narrow it).
-    descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+    descriptor = _open_lock_file(path)
     try:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -75,4 +73,20 @@ def _locked(path: Path, trial: str) -> int:
     except BaseException:  # Ctrl-C while waiting, or no flock there: nothing held
         os.close(descriptor)
         raise
+    return descriptor
+
+
+def _open_lock_file(path: Path) -> int:
+    """The lock file, opened read-only (enough for flock, so another user's lock file serves
+    as well), and made if it is not there."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+    except PermissionError:
+        # Another user's lock file in a sticky folder (/tmp), where fs.protected_regular
+        # (systemd's default) refuses O_CREAT even of a file that is there: opened as it is.
+        return os.open(path, os.O_RDONLY)
+    # Readable by the users who share the machine, whatever this one's umask (077 would
+    # shut them out of its lock); only its owner may change that, so another's try fails.
+    with contextlib.suppress(OSError):
+        os.fchmod(descriptor, 0o644)
     return descriptor

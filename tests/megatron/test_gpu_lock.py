@@ -123,3 +123,36 @@ def test_a_trial_is_launched_unlocked_where_the_lock_file_takes_no_flock(monkeyp
         f"local: t: cannot lock this machine's GPUs with {lock_path()} ([Errno")
     if opened is not None:
         assert len(os.listdir("/proc/self/fd")) == opened  # the lock file's descriptor closed
+
+
+def test_another_users_lock_file_in_a_sticky_folder_is_locked(monkeypatch, capsys):
+    import fcntl  # Unix's, as the tests here are
+
+    lock_path().touch()
+    real_open = os.open
+
+    def protected_regular(path, flags, mode=0o777, **kwargs):
+        # The kernel's fs.protected_regular: no O_CREAT of another user's file in /tmp.
+        if flags & os.O_CREAT and Path(path).exists():
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, mode, **kwargs)
+
+    monkeypatch.setattr(os, "open", protected_regular)
+    with holding_the_gpus("local: t"):
+        other = real_open(lock_path(), os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):  # held: another search's trial would wait
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(other)
+    assert capsys.readouterr().err == ""
+
+
+def test_the_lock_file_made_under_a_narrow_umask_is_readable_by_other_users():
+    previous = os.umask(0o077)
+    try:
+        with holding_the_gpus("local: t"):
+            pass
+    finally:
+        os.umask(previous)
+    assert lock_path().stat().st_mode & 0o777 == 0o644
