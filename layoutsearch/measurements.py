@@ -118,9 +118,10 @@ def _lookalikes(frame: pd.DataFrame, wanted: Collection[str]) -> dict[str, list[
 
 def with_default(column: pd.Series, default: int | bool | str) -> pd.Series:
     """An optional column with its blank cells taken as `default`. A column whose cells
-    are all blank was read as float64: a flag's or a name's default goes into it as an
-    object, which pandas 3 warns of and pandas 4 refuses to fill into floats."""
-    if type(default) is not int and column.dtype.kind == "f":
+    are all blank was read as float64, and a flag's written yes/no as pandas 3's str: a
+    flag's or a name's default goes into any but an object column as an object, which
+    pandas 3 warns of and pandas 4 refuses to fill into floats or a str column."""
+    if type(default) is not int and column.dtype != object:
         column = column.astype(object)
     return column.fillna(default)
 

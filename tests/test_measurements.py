@@ -84,6 +84,22 @@ def test_optional_columns_left_blank_in_every_row_take_their_defaults_without_a_
     assert list(runs["cp"]) == [1] * 3 and list(runs["vp"]) == [1] * 3
 
 
+def test_a_flag_written_yes_or_no_with_a_blank_cell_takes_its_default_without_a_warning(
+        tmp_path: Path, measurement_row: dict[str, Any]) -> None:
+    # Read as pandas 3's str column (yes/no are no booleans to pandas): a bool is no str.
+    rows = three_rows(measurement_row)
+    flags = ["yes", "no", None]
+    frame = pd.DataFrame([{**row, "distributed_optimizer": flag, "overlap_grad_reduce": flag}
+                          for row, flag in zip(rows, flags, strict=True)])
+    path = tmp_path / "runs.csv"
+    frame.to_csv(path, index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runs = read_measurements(path)
+    assert list(runs["distributed_optimizer"]) == [True, False, False]
+    assert list(runs["overlap_grad_reduce"]) == [True, False, False]
+
+
 def test_missing_column_is_named(tmp_path: Path, measurement_row: dict[str, Any]) -> None:
     row = {k: v for k, v in measurement_row.items() if k != "micro_batch_size"}
     with pytest.raises(LayoutSearchError, match=r"missing required column\(s\) micro_batch_size"):
