@@ -437,7 +437,9 @@ class MeasuredCostModel:
         its lines; `rows_read` is how many rows the file had when this search read it."""
         command = command_of_row(row, clusters, self.settings)
         name = _trial_name(row)
-        unwritable = unwritable_file(self.file.path)
+        # A link is checked where its file is (or will be made): beside the link, a file
+        # not made yet under a file or in a folder that cannot be written in passed.
+        unwritable = unwritable_file(self.file.path) or unwritable_file(self.file.real_path)
         if unwritable:
             # Checked before each launch, not after: a finished run must have a place to go.
             raise LayoutSearchError(

@@ -1090,17 +1090,21 @@ def test_a_measured_prescreen_is_refused_it_would_launch_every_candidate(tmp_pat
     assert launches(tmp_path) == []
 
 
-@pytest.mark.parametrize("where", ["folder", "under_a_file", "pipe"])
+@pytest.mark.parametrize("where", ["folder", "under_a_file", "link_under_a_file", "pipe"])
 def test_a_measurement_file_that_cannot_be_written_stops_before_any_launch(tmp_path, where):
     # A folder given as the file: each run finished, then its row failed to append
     # (IsADirectoryError), so the training run was lost. A pipe blocked the search forever.
+    # A link to a file not made yet was checked beside the link: the search ended in
+    # FileExistsError, making the folder of the file it links to.
     (tmp_path / "folder").mkdir()
     (tmp_path / "afile").write_text("kept\n")
     os.mkfifo(tmp_path / "pipe.csv")
+    (tmp_path / "link.csv").symlink_to(tmp_path / "afile" / "m.csv")
     path = {"folder": tmp_path / "folder", "under_a_file": tmp_path / "afile" / "m.csv",
-            "pipe": tmp_path / "pipe.csv"}[where]
+            "link_under_a_file": tmp_path / "link.csv", "pipe": tmp_path / "pipe.csv"}[where]
     message = {"folder": "is a folder, not a file",
                "under_a_file": "lies under .*afile, which is a file, not a folder",
+               "link_under_a_file": "lies under .*afile, which is a file, not a folder",
                "pipe": r"is not a regular file \(a pipe or a device: writing to it would "
                        r"block or be lost\)"}[where]
     model = MeasuredCostModel(settings=fake_megatron_settings(tmp_path), measurements=path,
