@@ -61,7 +61,7 @@ from layoutsearch.megatron.launchers import Launcher, Trial, build_launcher
 from layoutsearch.megatron.logs import LogResult, parse_log
 from layoutsearch.megatron.scripts import trial_time_limit_s
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
-from layoutsearch.paths import unwritable_file, unwritable_folder
+from layoutsearch.paths import unwritable_folder
 from layoutsearch.progress import say
 from layoutsearch.specs import ClusterSpec, Job
 
@@ -437,9 +437,7 @@ class MeasuredCostModel:
         its lines; `rows_read` is how many rows the file had when this search read it."""
         command = command_of_row(row, clusters, self.settings)
         name = _trial_name(row)
-        # A link is checked where its file is (or will be made): beside the link, a file
-        # not made yet under a file or in a folder that cannot be written in passed.
-        unwritable = unwritable_file(self.file.path) or unwritable_file(self.file.real_path)
+        unwritable = self.file.unwritable()
         if unwritable:
             # Checked before each launch, not after: a finished run must have a place to go.
             raise LayoutSearchError(

@@ -34,6 +34,7 @@ from layoutsearch.measurements import (
     validate_measurements,
     with_default,
 )
+from layoutsearch.paths import unwritable_file
 from layoutsearch.progress import say
 from layoutsearch.table_files import is_parquet, parse_csv
 
@@ -87,6 +88,19 @@ class MeasurementFile:
         into each user's folder): its lock, its claims and a rewrite's temporary go beside
         it, so that searches naming it by other links share them, and a rewrite (Parquet,
         added columns) replaces the file rather than the link."""
+
+    def unwritable(self) -> str | None:
+        """Why a row cannot be recorded (None: it can), asked before the run that makes it:
+        the file as named, the file a link names (a file not made yet goes beside it), and
+        for Parquet, which each row rewrites through a temporary file beside it, that
+        folder too (an existing file alone would pass, and the run be lost after it)."""
+        why = unwritable_file(self.path) or unwritable_file(self.real_path)
+        folder = self.real_path.parent
+        if (why is None and is_parquet(self.path) and self.real_path.exists()
+                and not os.access(folder, os.W_OK | os.X_OK)):
+            why = (f"is Parquet, which each row rewrites through a file beside it, and its "
+                   f"folder {folder} is not writable (a CSV file there could be appended to)")
+        return why
 
     def is_empty(self) -> bool:
         """Whether nothing was written yet: no file, or one of 0 bytes."""

@@ -1081,6 +1081,27 @@ def test_measured_settings_name_their_rule(tmp_path, setting, value, rule):
         build_cost_model("measured", **settings)
 
 
+def test_a_parquet_file_in_a_folder_that_cannot_be_written_in_stops_before_any_launch(
+        tmp_path, monkeypatch, measurement_row):
+    # The file could be written, so the check passed, but each row rewrites a Parquet file
+    # through a temporary file beside it: the run trained, then its row failed to go in.
+    # The tests run as root, to whom every folder is writable: os.access says otherwise here.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    path = shared / "runs.parquet"
+    pd.DataFrame([measurement_row]).to_parquet(path, index=False)
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda where, mode: access(where, mode) and Path(
+        where) != shared)
+    model = fake_measured_model(tmp_path, top_k=1, measurements=path)
+    with pytest.raises(LayoutSearchError, match=(
+            rf"the measurement file '{re.escape(str(path))}' is Parquet, which each row "
+            rf"rewrites through a file beside it, and its folder {re.escape(str(shared))} is "
+            r"not writable \(a CSV file there could be appended to\)\. Nothing was launched")):
+        layoutsearch.search(cost_model=model, **SMALL_JOB)
+    assert model.launched == 0 and launches(tmp_path) == []
+
+
 def test_a_measured_prescreen_is_refused_it_would_launch_every_candidate(tmp_path):
     with pytest.raises(layoutsearch.LayoutSearchError,
                        match=r"prescreen='measured' is a measured cost model, which would "
