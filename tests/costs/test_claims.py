@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import layoutsearch
-from layoutsearch.costs.claims import LayoutClaim, claims_folder
+from layoutsearch.costs.claims import Claimant, LayoutClaim, claims_folder
 from layoutsearch.costs.measurement_file import MeasurementFile, measurement_key
 from layoutsearch.liveness import HOST, STALE_S
 from layoutsearch.measurements import read_measurements
@@ -118,6 +118,29 @@ def test_a_claim_whose_search_is_gone_is_taken_over(tmp_path, capsys, where):
     assert len(told) == 1
     assert re.fullmatch(rf"local: llama_7b_\S+: {re.escape(why)}; launching it here", told[0])
     assert not claim.exists()  # the row is written: the claim taken over is let go
+
+
+def test_a_claim_that_cannot_be_read_is_judged_by_its_stamp(tmp_path, monkeypatch):
+    # Another user's claim, written under umask 077: the search that met it could not read
+    # it and launched the layout unclaimed, beside the other search's run of it, instead
+    # of judging the claim by its time.
+    row = first_launch(tmp_path)
+    measurements = tmp_path / "shared.csv"
+    claim = write_claim(measurements, row, 4242, "gpu-node-17")
+    read_bytes = Path.read_bytes
+
+    def refused(path):
+        if path == claim:
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", refused)
+    other = LayoutClaim(MeasurementFile(measurements), row, "local: a trial", since=0,
+                        retry=())
+    holder = other.take()
+    assert isinstance(holder, Claimant) and holder.pid is None
+    assert holder.gone(time.time()) == ""  # stamped now: its search may be running
+    assert "has not stamped its claim for 11 min" in holder.gone(time.time() + STALE_S + 60)
 
 
 def ended_unreaped() -> subprocess.Popen:
