@@ -19,6 +19,7 @@ from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
 from layoutsearch.costs.shapes import Shapes
 from layoutsearch.layout import Layout
 from layoutsearch.measurements import OPTIONAL_DEFAULTS
+from layoutsearch.megatron import gpu_lock
 from layoutsearch.specs import Job, ModelSpec
 from tests.commands import Command, command_in_this_process
 
@@ -46,6 +47,17 @@ def files_stay_in_the_page_cache() -> Iterator[None]:
     yield
     event.remove(Engine, "connect", unsynced)
     os.fsync = fsync
+
+
+@pytest.fixture(autouse=True, scope="session")
+def gpus_of_the_tests_own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The local launcher's lock on this machine's GPUs (megatron/gpu_lock.py) in a folder
+    of the tests' own: their fake trials do not wait for a real search's trial here, nor
+    hold up one, for the tests run in this process."""
+    machines = gpu_lock.LOCK_FOLDER
+    gpu_lock.LOCK_FOLDER = tmp_path_factory.mktemp("gpu_lock")
+    yield
+    gpu_lock.LOCK_FOLDER = machines
 
 
 @pytest.fixture
