@@ -14,8 +14,6 @@ the others say why they were not measured.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import re
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,12 @@ from layoutsearch.costs.measurement_file import (
     measurement_key,
     plain_value,
 )
+from layoutsearch.costs.trial_rows import (
+    beyond_the_gpu,
+    outcome_line,
+    result_row,
+    trial_name,
+)
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.interrupts import (
     deferring_interrupts_once_started,
@@ -38,12 +42,9 @@ from layoutsearch.interrupts import (
     raise_if_interrupted,
     start_deferring_interrupts,
 )
-from layoutsearch.layout import LAYOUT_COLUMNS, Layout
+from layoutsearch.layout import Layout
 from layoutsearch.measurements import (
-    JOB_KEY,
     MEASUREMENT_KEY,
-    OPTIONAL_DEFAULTS,
-    REQUIRED_COLUMNS,
     not_a_table,
 )
 from layoutsearch.megatron.args import (
@@ -58,12 +59,12 @@ from layoutsearch.megatron.checkout_check import WRITTEN_FOR, CheckoutCheck
 from layoutsearch.megatron.checks import every_command_rejected, rejection
 from layoutsearch.megatron.inverse import row_of_argv
 from layoutsearch.megatron.launchers import Launcher, Trial, build_launcher
-from layoutsearch.megatron.logs import LogResult, parse_log
+from layoutsearch.megatron.logs import parse_log
 from layoutsearch.megatron.scripts import trial_time_limit_s
 from layoutsearch.megatron.settings import MegatronSettings, resolve_settings
 from layoutsearch.paths import unwritable_folder
 from layoutsearch.progress import say
-from layoutsearch.specs import ClusterSpec, Job
+from layoutsearch.specs import ClusterSpec
 
 RETRIABLE = ("error", "timeout", "oom", "unavailable")
 """Statuses a measured search may be told to launch again (`retry`)."""
@@ -72,76 +73,8 @@ RETRY_HINTED = ("error", "timeout")
 reason says how to launch them again."""
 
 
-def _trial_name(row: Mapping[str, Any]) -> str:
-    """A file name for the trial's log and script, one per measurement: the job fields a
-    reader looks for, the layout, and a digest of every job field (model dimensions, GPU
-    kind, batch), so that two jobs sharing a layout never share a log."""
-    job = hashlib.sha1(repr(measurement_key(row)[:len(JOB_KEY)]).encode()).hexdigest()[:8]
-    label = (f"{row['model']}_s{row['seq_length']}_g{row['num_gpus']}_"
-             f"b{row['global_batch_size']}_{Layout.from_row(row).describe()}_{job}")
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
-
-
-def _result_row(row: Mapping[str, Any], result: LogResult, clusters: Mapping[str, ClusterSpec],
-                launcher: str, log_path: Path) -> dict[str, Any]:
-    job = job_of_row(row, clusters)
-    ok = result.status == "ok"
-    tokens_per_s = job.tokens_per_step / result.step_time_s if ok else float("nan")
-    # The study's MFU (Hagemann et al. 2023, after PaLM):
-    # tokens/s × (6N + 12·L·h·s) / (GPUs × dense peak).
-    peak = job.num_gpus * job.cluster.gpu.peak_tflops * 1e12
-    mfu = tokens_per_s * job.model.paper_flops_per_token(job.seq_length) / peak if ok \
-        else float("nan")
-    out = {c: plain_value(row[c]) for c in (*REQUIRED_COLUMNS, *OPTIONAL_DEFAULTS) if c in row}
-    out.update({c: plain_value(row[c]) for c in LAYOUT_COLUMNS})
-    out.update(
-        model=row["model"], gpus_per_node=job.cluster.gpus_per_node, status=result.status,
-        step_time_s=result.step_time_s if ok else float("nan"), mfu=mfu,
-        peak_memory_gib=result.peak_memory_gib, tflops_per_gpu=result.tflops_per_gpu,
-        tokens_per_s=tokens_per_s, source=f"layoutsearch-measured:{launcher}",
-        message=result.message.replace("\n", " ")[:300], log_path=str(log_path),
-    )
-    return out
-
-
-def _beyond_the_gpu(measured: Mapping[str, Any], job: Job) -> str:
-    """Why a run's figures cannot have come from the job's GPU ("" when they can): more
-    FLOPs a second than its dense peak, or more memory allocated than it has. Such a run
-    ran on other GPUs than the job names (H100s searched as A100s read MFU ~1.8), and its
-    row would be filed, and ranked, under the wrong GPU.
-
-    The FLOPs are the fewest a run must execute: Megatron-LM's per-matmul count with the
-    causal half of the attention scores left out, as a flash kernel skips it, and no
-    embedding lookup. The study's count (its MFU) can pass the peak without that: its
-    12·L·h·s counts the masked half, which at 128k tokens is most of a step's FLOPs."""
-    gpu = job.cluster.gpu
-    why = []
-    executed_tflops = (float(measured["tokens_per_s"]) / job.num_gpus
-                       * job.model.megatron_flops_per_token(job.seq_length) / 1e12)
-    if executed_tflops > gpu.peak_tflops:
-        why.append(f"its {float(measured['tokens_per_s']):,.0f} tokens/s on {job.num_gpus} "
-                   f"GPUs execute at least {executed_tflops:.0f} TFLOP/s per GPU (MFU "
-                   f"{float(measured['mfu']):.2f} by the study's count), above the "
-                   f"{gpu.name}'s dense bf16 peak of {gpu.peak_tflops:g}")
-    memory = float(measured["peak_memory_gib"])
-    if memory > gpu.memory_gib:
-        why.append(f"it allocated {memory:.1f} GiB on a GPU, more than the {gpu.name}'s "
-                   f"{gpu.memory_gib:g} GiB")
-    return "; ".join(why)
-
-
 DEFAULT_PRESCREEN = "analytic"
 """The prescreen of a config that sets top_k and names none (from_config)."""
-
-
-def _outcome_line(trial: str, measured: Mapping[str, Any], by: str = "") -> str:
-    """A trial's line once its row is in the file: its status, its step time when it ran,
-    who measured it when another search did (`by`), and its log when the row names one."""
-    status = measured["status"]
-    figure = f", {float(measured['step_time_s']):.2f} s per step" if status == "ok" else ""
-    log = measured.get("log_path")
-    where = f" (log {log})" if isinstance(log, str) and log else ""
-    return f"{trial}: {status}{figure}{f', {by}' if by else ''}{where}"
 
 
 def _tell(line: str) -> None:
@@ -436,7 +369,7 @@ class MeasuredCostModel:
         time limit; `position` ("launch 3 of 8: ", or "") goes before the trial's name in
         its lines; `rows_read` is how many rows the file had when this search read it."""
         command = command_of_row(row, clusters, self.settings)
-        name = _trial_name(row)
+        name = trial_name(row)
         unwritable = self.file.unwritable()
         if unwritable:
             # Checked before each launch, not after: a finished run must have a place to go.
@@ -470,7 +403,7 @@ class MeasuredCostModel:
                       f"then reading its row from {self.file.path}")
                 return recorded
             if recorded is not None:
-                _tell(_outcome_line(trial, recorded, "measured by another search, read from "
+                _tell(outcome_line(trial, recorded, "measured by another search, read from "
                                     f"{self.file.path}"))
                 return recorded
             # A trial trains for minutes to hours before its result line: say it runs.
@@ -516,9 +449,9 @@ class MeasuredCostModel:
                     f"python, torchrun, megatron_path and extra_args "
                     f"(cost_models/megatron.yaml); nothing was recorded for it; "
                     f"{self._what_the_file_keeps()}")
-            measured = _result_row(row, result, clusters, self.launcher.name, launch.log_path)
+            measured = result_row(row, result, clusters, self.launcher.name, launch.log_path)
             job = job_of_row(row, clusters)
-            impossible = _beyond_the_gpu(measured, job)
+            impossible = beyond_the_gpu(measured, job)
             if impossible:
                 gpu = job.cluster.gpu
                 earlier = self.launched - 1  # runs this search recorded before this one
@@ -533,7 +466,7 @@ class MeasuredCostModel:
                         "check them, and remove them from the file if so" if earlier else
                         self._what_the_file_keeps()))
             self.file.append(measured)
-            _tell(_outcome_line(trial, measured))
+            _tell(outcome_line(trial, measured))
             return measured
 
     def _what_the_file_keeps(self) -> str:

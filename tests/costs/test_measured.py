@@ -18,16 +18,14 @@ import pytest
 
 import layoutsearch
 from layoutsearch import lifetime
-from layoutsearch.catalog import load_cluster, load_model
 from layoutsearch.costs import build_cost_model
-from layoutsearch.costs.measured import MeasuredCostModel, _beyond_the_gpu
+from layoutsearch.costs.measured import MeasuredCostModel
 from layoutsearch.costs.measurement_file import MeasurementFile
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import OPTIONAL_DEFAULTS, read_measurements
 from layoutsearch.megatron import parse_log
 from layoutsearch.megatron.launchers import SlurmLauncher, build_launcher
-from layoutsearch.specs import Job
 from layoutsearch.testing import (
     check_cost_model,
     conformance_candidates,
@@ -635,38 +633,6 @@ def test_a_run_on_other_gpus_names_the_runs_its_search_recorded_before_it(tmp_pa
         f"search recorded before it in {model.file.path} may have run on those GPUs too: "
         "check them, and remove them from the file if so")
     assert list(read_measurements(model.file.path)["status"]) == ["oom"]
-
-
-def job_on(model: str, gpu: str, seq_length: int) -> Job:
-    return Job(model=load_model(model), cluster=load_cluster(gpu), num_gpus=8,
-               seq_length=seq_length, global_batch_size=64)
-
-
-def test_figures_beyond_the_gpu_are_named_and_a_long_context_run_is_not_one():
-    # LLaMA 7B at 2k executes at least 41.25 GFLOP a token: 12·L·h²·(2 + s/2h + 1.5·f/h)
-    # = 12·32·4096²·(2.25 + 4.03125) in the blocks, 6·h·V = 6·4096·32000 in the logits.
-    job = job_on("llama_7b", "a100_40gb", 2048)
-    possible = {"tokens_per_s": 8 * 7000, "mfu": 0.98, "peak_memory_gib": 39.5}
-    assert _beyond_the_gpu(possible, job) == ""
-    # 8,000 tokens/s a GPU x 41.25 GFLOP = 330 TFLOP/s, above the A100's 312.
-    assert _beyond_the_gpu({**possible, "tokens_per_s": 8 * 8000, "mfu": 1.05}, job) == (
-        "its 64,000 tokens/s on 8 GPUs execute at least 330 TFLOP/s per GPU (MFU 1.05 by the "
-        "study's count), above the a100_40gb's dense bf16 peak of 312")
-    assert _beyond_the_gpu({**possible, "peak_memory_gib": 52.5}, job) == (
-        "it allocated 52.5 GiB on a GPU, more than the a100_40gb's 39.59 GiB")
-    # Llama 3 8B at 128k on H100s: 4,140 tokens/s a GPU is MFU 1.06 by the study's count,
-    # whose 12·L·h·s counts the causal mask's half, but 148 GFLOP a token executed, 613
-    # TFLOP/s: a run that can happen is not stopped.
-    long_context = job_on("llama3_8b", "h100_sxm", 131072)
-    tokens_per_s = 8 * 4140
-    mfu = tokens_per_s / 8 * long_context.model.paper_flops_per_token(131072) / 989e12
-    assert mfu > 1
-    assert _beyond_the_gpu({"tokens_per_s": tokens_per_s, "mfu": mfu, "peak_memory_gib": 60},
-                           long_context) == ""
-    # A failed run has no figures (NaN): nothing to judge.
-    nan = float("nan")
-    assert _beyond_the_gpu({"tokens_per_s": nan, "mfu": nan, "peak_memory_gib": nan},
-                           job) == ""
 
 
 def test_the_local_launcher_refuses_a_job_beyond_one_node_before_launching(tmp_path):
