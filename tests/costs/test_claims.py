@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -207,6 +210,38 @@ def read_until(stream, text: str, seconds: float = 60) -> list[str]:
     return lines
 
 
+@dataclasses.dataclass
+class SearchBesideAClaim:
+    process: subprocess.Popen
+    """WAITING_SEARCH of SMALL_JOB, started while `claimant` held a claim."""
+    told: list[str]
+    """Its lines up to the first that says it waits."""
+    claimant: int
+    """The pid of the live process holding the claim."""
+    claim: Path
+
+
+@contextlib.contextmanager
+def search_beside_a_claim(shared: Path, claimed_row: dict, *, top_k: int,
+                          retry: list[str]) -> Iterator[SearchBesideAClaim]:
+    """A search of `shared`'s measurement file in a process of its own (WAITING_SEARCH),
+    started while a live process claims `claimed_row`'s layout, once it has said that it
+    waits; both processes are ended when the block does."""
+    claimant = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    claim = write_claim(shared / "measurements.csv", claimed_row, claimant.pid, HOST)
+    search = subprocess.Popen([sys.executable, "-c", WAITING_SEARCH, str(shared),
+                               json.dumps(retry), str(top_k)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield SearchBesideAClaim(process=search, told=read_until(search.stderr, "waiting for it"),
+                                 claimant=claimant.pid, claim=claim)
+    finally:
+        for process in (search, claimant):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
 @pytest.mark.parametrize("case", ["a run the file lacks", "a failure to launch again"])
 def test_a_layout_another_live_search_measures_is_waited_for_and_its_row_used(tmp_path, case):
     row = first_launch(tmp_path)
@@ -222,27 +257,16 @@ def test_a_layout_another_live_search_measures_is_waited_for_and_its_row_used(tm
         crash = {**row, "status": "error", "step_time_s": math.nan, "mfu": math.nan}
         measurements.append({**crash, "message": "the first crash"})
         row = {**crash, "message": "crashed again"}
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    claim = write_claim(measurements.path, row, sleeper.pid, HOST)
-    search = subprocess.Popen([sys.executable, "-c", WAITING_SEARCH, str(shared),
-                               json.dumps(retry), "1"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        told = read_until(search.stderr, "waiting for it")
+    with search_beside_a_claim(shared, row, top_k=1, retry=retry) as search:
         assert re.fullmatch(
-            rf"local: llama_7b_\S+: waiting for it, being measured by pid {sleeper.pid} on "
+            rf"local: llama_7b_\S+: waiting for it, being measured by pid {search.claimant} on "
             rf"host {re.escape(HOST)} \(stamped \d\d:\d\d:\d\d\); its row is read from "
-            rf"{re.escape(str(measurements.path))} once written", told[-1]), told
+            rf"{re.escape(str(measurements.path))} once written", search.told[-1]), search.told
         time.sleep(0.3)  # it reads the file a few times, and still waits
-        assert search.poll() is None and launches(shared) == []
+        assert search.process.poll() is None and launches(shared) == []
         measurements.append(row)  # the other search's run ends
-        out, err = search.communicate(timeout=60)
-    finally:
-        for process in (search, sleeper):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    assert search.returncode == 0, err
+        out, err = search.process.communicate(timeout=60)
+    assert search.process.returncode == 0, err
     answer = json.loads(out)
     assert answer["launched"] == 0 and launches(shared) == []
     (measured,) = answer["rows"]
@@ -253,7 +277,7 @@ def test_a_layout_another_live_search_measures_is_waited_for_and_its_row_used(tm
                f"from {measurements.path} (log {row['log_path']})" in err
     else:
         assert measured["reason"].startswith("measured error: crashed again")
-    assert claim.exists()  # the other search's claim, which it removes itself
+    assert search.claim.exists()  # the other search's claim, which it removes itself
 
 
 def test_a_search_launches_its_other_layouts_before_waiting_for_one_another_measures(
@@ -265,16 +289,12 @@ def test_a_search_launches_its_other_layouts_before_waiting_for_one_another_meas
     shared = tmp_path / "shared"
     shared.mkdir()
     measurements = MeasurementFile(shared / "measurements.csv")
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    write_claim(measurements.path, best, sleeper.pid, HOST)
-    search = subprocess.Popen([sys.executable, "-c", WAITING_SEARCH, str(shared), "[]", "2"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        told = read_until(search.stderr, "waiting for it")
+    with search_beside_a_claim(shared, best, top_k=2, retry=[]) as search:
+        told = search.told
         passed_over = [line for line in told if "launching the others first" in line]
         assert len(passed_over) == 1 and re.fullmatch(
-            rf"local: launch 1 of 2: llama_7b_\S+: being measured by pid {sleeper.pid} on host "
-            rf"{re.escape(HOST)}; launching the others first, then reading its row from "
+            rf"local: launch 1 of 2: llama_7b_\S+: being measured by pid {search.claimant} on "
+            rf"host {re.escape(HOST)}; launching the others first, then reading its row from "
             rf"{re.escape(str(measurements.path))}", passed_over[0]), told
         # Waiting for the best only now, its second layout already measured and recorded.
         assert "waiting for it" in told[-1] and told.index(passed_over[0]) < len(told) - 1
@@ -282,13 +302,8 @@ def test_a_search_launches_its_other_layouts_before_waiting_for_one_another_meas
         assert launches(shared) != [] and len(launches(shared)) == 1
         assert measurement_key(second) != measurement_key(best)
         measurements.append(best)  # the other search's run of the best ends
-        out, err = search.communicate(timeout=60)
-    finally:
-        for process in (search, sleeper):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    assert search.returncode == 0, err
+        out, err = search.process.communicate(timeout=60)
+    assert search.process.returncode == 0, err
     answer = json.loads(out)
     assert answer["launched"] == 1 and len(launches(shared)) == 1
     assert sorted(row["step_time_s"] for row in answer["rows"]) == pytest.approx(
@@ -337,26 +352,17 @@ def test_the_last_layout_to_launch_that_another_search_measures_is_waited_for_at
     shared = tmp_path / "shared"
     shared.mkdir()
     measurements = MeasurementFile(shared / "measurements.csv")
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    write_claim(measurements.path, last, sleeper.pid, HOST)
-    search = subprocess.Popen([sys.executable, "-c", WAITING_SEARCH, str(shared), "[]", "2"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        told = read_until(search.stderr, "waiting for it")
+    with search_beside_a_claim(shared, last, top_k=2, retry=[]) as search:
+        told = search.told
         assert re.fullmatch(r"local: launch 2 of 2: llama_7b_\S+: waiting for it, being "
-                            rf"measured by pid {sleeper.pid} on host {re.escape(HOST)} .*",
+                            rf"measured by pid {search.claimant} on host {re.escape(HOST)} .*",
                             told[-1]), told
         assert not [line for line in told if "launching the others first" in line], told
         (launched,) = measurements.runs()
         assert measurement_key(launched) == measurement_key(best)
         measurements.append(last)  # the other search's run ends
-        out, err = search.communicate(timeout=60)
-    finally:
-        for process in (search, sleeper):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    assert search.returncode == 0, err
+        out, err = search.process.communicate(timeout=60)
+    assert search.process.returncode == 0, err
     assert json.loads(out)["launched"] == 1 and len(launches(shared)) == 1
 
 
