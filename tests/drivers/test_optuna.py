@@ -7,6 +7,7 @@ every search well under a second with the analytic model.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -29,6 +30,7 @@ import numpy as np
 import optuna
 import pandas as pd
 import pytest
+from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from layoutsearch import search
@@ -941,3 +943,40 @@ def test_a_ctrl_c_a_finalizer_swallowed_still_stops_the_search(counting: Countin
     with pytest.raises(KeyboardInterrupt):
         OptunaDriver(n_trials=12, progress=False).run(make_problem(model))
     assert len(model.priced()) == 3  # the trial the press landed in, then no other
+
+
+@pytest.mark.parametrize("url", ["sqlite:///{}/study.db", "{}/study.log"])
+def test_a_ctrl_c_inside_a_storage_write_is_raised_once_the_write_is_made(
+        tmp_path, monkeypatch, url):
+    # Raised midway (between SQLite's BEGIN IMMEDIATE and its COMMIT), it left a connection
+    # holding the write lock: failing the trial in flight then waited 60 s for it and
+    # stopped the search with "database is locked" instead of the Ctrl-C.
+    url = url.format(tmp_path)
+    study = optuna.create_study(storage=open_storage(url), study_name="s")
+    trial = study.ask()
+    if url.startswith("sqlite"):
+        real = optuna.storages._rdb.storage._create_scoped_session
+
+        @contextlib.contextmanager
+        def pressed_before_the_commit(scoped, ignore_integrity_error=False):
+            with real(scoped, ignore_integrity_error) as session:
+                yield session
+                signal.raise_signal(signal.SIGINT)  # the rows written, not committed yet
+
+        monkeypatch.setattr(optuna.storages._rdb.storage, "_create_scoped_session",
+                            pressed_before_the_commit)
+    else:
+        append_logs = JournalFileBackend.append_logs
+
+        def pressed_while_appending(self, logs):
+            signal.raise_signal(signal.SIGINT)  # as the journal's lock file is held
+            return append_logs(self, logs)
+
+        monkeypatch.setattr(JournalFileBackend, "append_logs", pressed_while_appending)
+    with pytest.raises(KeyboardInterrupt):
+        trial.set_user_attr("layout", "tp1 pp1")
+    monkeypatch.undo()
+    # The write is whole, and the storage takes the next one at once: failing the trial.
+    study.tell(trial, state=TrialState.FAIL)
+    (stored,) = optuna.load_study(study_name="s", storage=open_storage(url)).trials
+    assert stored.user_attrs == {"layout": "tp1 pp1"} and stored.state == TrialState.FAIL

@@ -2,7 +2,8 @@
 
 Any optuna storage URL (`sqlite:///...`, `postgresql://...`), a journal file (a path ending
 `.log`/`.journal`, or `journal://PATH`), or memory. SQLite transactions take the write lock
-first, so two workers never start one queued trial. A worker killed mid-trial leaves a
+first, so two workers never start one queued trial, and a Ctrl-C waits for the storage call
+it lands in to end, so that no write is left half made. A worker killed mid-trial leaves a
 RUNNING trial: it is failed, so its layout is open again, by the next search on its host
 (the worker's pid is gone) or by any search elsewhere once its heartbeat is stale.
 
@@ -12,9 +13,12 @@ RUNNING trial: it is failed, so its layout is open again, by the next search on 
 from __future__ import annotations
 
 import datetime
+import functools
+import inspect
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
@@ -24,6 +28,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from layoutsearch import liveness
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.interrupts import deferring_interrupts
 from layoutsearch.liveness import HEARTBEAT_S, HOST, STALE_S, pid_alive
 
 JOURNAL_SUFFIXES = (".log", ".journal")
@@ -32,6 +37,34 @@ SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 """How a path that names an SQLite file ends: given bare, it is told its URL."""
 UNCLAIMED_S = 30.0
 """A running trial without a worker after this long was orphaned before it was claimed."""
+
+Storage = TypeVar("Storage", bound=BaseStorage)
+
+
+def _holding_interrupts(storage: type[Storage]) -> type[Storage]:
+    """`storage` with each method of its own holding a Ctrl-C until it returns.
+
+    A Ctrl-C raised inside a write (between SQLite's BEGIN IMMEDIATE and its COMMIT, while
+    a journal's lock file is held) left it half made: a connection that kept the write
+    lock, so that failing the trial in flight then waited for it, and stopped the search
+    with "database is locked" instead of the Ctrl-C. Held, it is raised once the call has
+    returned (a second press still at once). _CachedStorage calls the RDB storage's private
+    methods too: every plain function the class defines is wrapped."""
+
+    def holding(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with deferring_interrupts():
+                return method(self, *args, **kwargs)
+        return call
+
+    methods = {name: holding(member) for name, member in vars(storage).items()
+               if inspect.isfunction(member) and not name.startswith("__")}
+    return type(f"Holding{storage.__name__}", (storage,), methods)
+
+
+HoldingRDBStorage = _holding_interrupts(RDBStorage)
+HoldingJournalStorage = _holding_interrupts(JournalStorage)
 
 
 def open_storage(url: str | None) -> BaseStorage:
@@ -48,14 +81,14 @@ def open_storage(url: str | None) -> BaseStorage:
         if journal is not None:
             if not Path(journal).parent.is_dir():
                 raise FileNotFoundError(f"folder {str(Path(journal).parent)!r} does not exist")
-            return JournalStorage(JournalFileBackend(journal))
+            return HoldingJournalStorage(JournalFileBackend(journal))
         if "://" not in url:
             # A database file given as a path: the SQLite URL of that very file.
             sqlite = f"; for an SQLite file, sqlite:///{Path(url).expanduser().absolute()}" \
                 if Path(url).suffix in SQLITE_SUFFIXES else ""
             raise ValueError(f"not a storage URL{sqlite}")
         if not url.startswith("sqlite"):
-            return RDBStorage(url)
+            return HoldingRDBStorage(url)
         # sqlite:///relative.db, sqlite:////absolute.db, maybe with ?options after it; a
         # path after two slashes alone (sqlite://study.db) is SQLAlchemy's to refuse, with
         # the forms it takes, not a folder named 'sqlite:' to look for.
@@ -64,7 +97,7 @@ def open_storage(url: str | None) -> BaseStorage:
             # SQLite says only "unable to open database file".
             raise FileNotFoundError(f"folder {str(Path(database).parent)!r} does not exist")
         # Wait for other workers' writes instead of failing with "database is locked".
-        storage = RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+        storage = HoldingRDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
         serialize_sqlite(storage.engine)
         return storage
     except Exception as error:
