@@ -5,8 +5,8 @@ trials at once (two searches sharing a measurement file, the jobs of a `--multir
 parallel launcher, a notebook beside a command) would put two ranks on every GPU: each
 would run at about half speed, or run out of memory, and the run that the measurement file
 keeps for good would be wrong; the second torchrun would also find the first's rendezvous
-port taken. So a local trial holds this machine's GPUs, with flock(2) on a lock file of its
-temporary folder, and a trial of another search waits for them. The lock ends with its
+port taken. So a local trial holds this machine's GPUs, with flock(2) on a lock file in
+/tmp, and a trial of another search waits for them. The lock ends with its
 process, however that ends. It is one lock for the machine, whatever CUDA_VISIBLE_DEVICES
 says: searches given GPUs of their own would still share the port.
 
