@@ -204,11 +204,14 @@ class LayoutClaim:
         """Who holds the claim (None: nobody now)."""
         try:
             stamped = self.path.stat().st_mtime
+        except FileNotFoundError:
+            return None
+        try:
             text = self.path.read_bytes()
         except FileNotFoundError:
             return None
         except PermissionError:  # another user's, under a narrow umask: judged by its time
-            return Claimant(pid=None, host="", stamped=self.path.stat().st_mtime, token="")
+            return Claimant(pid=None, host="", stamped=stamped, token="")
         try:
             record = json.loads(text)
             return Claimant(pid=int(record["pid"]), host=str(record["host"]),

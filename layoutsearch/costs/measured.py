@@ -404,18 +404,18 @@ class MeasuredCostModel:
                 return recorded
             if recorded is not None:
                 _tell(outcome_line(trial, recorded, "measured by another search, read from "
-                                    f"{self.file.path}"))
+                                   f"{self.file.path}"))
                 return recorded
-            # A trial trains for minutes to hours before its result line: say it runs.
-            limit_s = trial_time_limit_s(self.settings, predicted_step_s)
-            limit = f"{limit_s:.0f} s" if limit_s < 600 else f"{limit_s / 60:.0f} min"
 
             def say_started() -> None:
+                # A trial trains for minutes to hours before its result line: say it runs.
+                limit_s = trial_time_limit_s(self.settings, predicted_step_s)
+                limit = f"{limit_s:.0f} s" if limit_s < 600 else f"{limit_s / 60:.0f} min"
                 _tell(f"{trial}: started, time limit {limit} (log {log_path})")
 
             return self._launch_and_record(row, clusters, Trial(
                 name=name, command=command, log_path=log_path, step_time_s=predicted_step_s,
-                on_start=say_started if self.launcher.trains else None, said_as=trial), trial)
+                on_start=say_started, said_as=trial), trial)
 
     def _launch_and_record(self, row: Mapping[str, Any], clusters: Mapping[str, ClusterSpec],
                            launch: Trial, trial: str) -> dict[str, Any] | str:
@@ -449,25 +449,27 @@ class MeasuredCostModel:
                     f"python, torchrun, megatron_path and extra_args "
                     f"(cost_models/megatron.yaml); nothing was recorded for it; "
                     f"{self._what_the_file_keeps()}")
-            measured = result_row(row, result, clusters, self.launcher.name, launch.log_path)
             job = job_of_row(row, clusters)
+            measured = result_row(row, result, job, self.launcher.name, launch.log_path)
             impossible = beyond_the_gpu(measured, job)
             if impossible:
-                gpu = job.cluster.gpu
-                earlier = self.launched - 1  # runs this search recorded before this one
-                raise LayoutSearchError(
-                    f"cost_models=measured stopped: {launch.name} cannot have run on "
-                    f"{gpu.name} GPUs, as the job says: {impossible} (log {launch.log_path}). "
-                    f"Search with the cluster of the GPUs the launcher runs on (cluster=NAME "
-                    f"on the command line, cluster= in Python); nothing was recorded for it, "
-                    f"as it would be filed under {gpu.name}; " + (
-                        f"the {earlier} run{'s' if earlier > 1 else ''} this search recorded "
-                        f"before it in {self.file.path} may have run on those GPUs too: "
-                        "check them, and remove them from the file if so" if earlier else
-                        self._what_the_file_keeps()))
+                raise self._ran_elsewhere(launch, job.cluster.gpu.name, impossible)
             self.file.append(measured)
             _tell(outcome_line(trial, measured))
             return measured
+
+    def _ran_elsewhere(self, launch: Trial, gpu: str, why: str) -> LayoutSearchError:
+        """The stop of a search whose run cannot have been on the job's `gpu` (`why`):
+        naming the runs it recorded before, which may be of those other GPUs too."""
+        earlier = self.launched - 1  # runs this search recorded before this one
+        kept = (f"the {earlier} run{'s' if earlier > 1 else ''} this search recorded before "
+                f"it in {self.file.path} may have run on those GPUs too: check them, and "
+                "remove them from the file if so") if earlier else self._what_the_file_keeps()
+        return LayoutSearchError(
+            f"cost_models=measured stopped: {launch.name} cannot have run on {gpu} GPUs, as "
+            f"the job says: {why} (log {launch.log_path}). Search with the cluster of the "
+            f"GPUs the launcher runs on (cluster=NAME on the command line, cluster= in "
+            f"Python); nothing was recorded for it, as it would be filed under {gpu}; {kept}")
 
     def _what_the_file_keeps(self) -> str:
         """How a setup problem's message ends: the file's runs are kept for the same command

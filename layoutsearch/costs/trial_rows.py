@@ -1,8 +1,9 @@
 """What one finished trial of a measured search leaves: its name, the measurement row its
 log gives, whether that row can be of the job's GPU at all, and the line that says it.
 
-    measured = result_row(row, parse_log(text), clusters, "local", log_path)
-    if beyond_the_gpu(measured, job_of_row(row, clusters)): ...  # ran on other GPUs
+    job = job_of_row(row, clusters)
+    measured = result_row(row, parse_log(text), job, "local", log_path)
+    if beyond_the_gpu(measured, job): ...  # ran on other GPUs
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from typing import Any
 from layoutsearch.costs.measurement_file import measurement_key, plain_value
 from layoutsearch.layout import LAYOUT_COLUMNS, Layout
 from layoutsearch.measurements import JOB_KEY, OPTIONAL_DEFAULTS, REQUIRED_COLUMNS
-from layoutsearch.megatron.args import job_of_row
 from layoutsearch.megatron.logs import LogResult
-from layoutsearch.specs import ClusterSpec, Job
+from layoutsearch.specs import Job
 
 
 def trial_name(row: Mapping[str, Any]) -> str:
@@ -31,12 +31,11 @@ def trial_name(row: Mapping[str, Any]) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
 
 
-def result_row(row: Mapping[str, Any], result: LogResult, clusters: Mapping[str, ClusterSpec],
-                launcher: str, log_path: Path) -> dict[str, Any]:
-    """The measurement-schema row of a finished trial of the candidate `row`: its job and
-    layout, what its log says (`result`), its tokens/s and the study's MFU, and where it
-    ran (`launcher`) and logged."""
-    job = job_of_row(row, clusters)
+def result_row(row: Mapping[str, Any], result: LogResult, job: Job, launcher: str,
+               log_path: Path) -> dict[str, Any]:
+    """The measurement-schema row of a finished trial of the candidate `row` (of `job`): its
+    job and layout, what its log says (`result`), its tokens/s and the study's MFU, and
+    where it ran (`launcher`) and logged."""
     ok = result.status == "ok"
     tokens_per_s = job.tokens_per_step / result.step_time_s if ok else float("nan")
     # The study's MFU (Hagemann et al. 2023, after PaLM):
