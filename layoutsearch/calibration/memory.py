@@ -51,10 +51,11 @@ class MemoryFit:
 
 def _tile(shapes: Shapes, times: int) -> Shapes:
     """The same rows `times` over: one block row per grid point."""
-    # Per-row arrays repeat along their last (row) axis; the list of GPU kinds stays.
+    # Per-row arrays repeat along their last (row) axis; one number for every row (0-d)
+    # and the list of GPU kinds stay.
     fields = {f.name: getattr(shapes, f.name) for f in dataclasses.fields(Shapes)}
     tiled: dict[str, Any] = {name: np.tile(value, times) for name, value in fields.items()
-             if isinstance(value, np.ndarray)}
+                             if np.ndim(value)}
     return dataclasses.replace(shapes, **tiled)
 
 

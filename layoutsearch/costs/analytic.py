@@ -162,6 +162,7 @@ def _memory_reasons(peak_gib: Array, limit_gib: Array, fits: Array, index: pd.In
     over = ~fits
     if not over.any():
         return text_column(codes, [""], index)
+    limit_gib = np.broadcast_to(limit_gib, peak_gib.shape)  # one number for one GPU kind
     tenths = np.round(np.stack([peak_gib[over], limit_gib[over]], axis=1) * 10)
     if np.all(tenths[:, 0] < PACKED_PEAK_TENTHS):  # False for a NaN peak too
         # One integer key per pair of tenths of a GiB, factorized by hashing: a 2-D unique

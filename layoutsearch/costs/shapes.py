@@ -3,7 +3,10 @@
 `Shapes` turns the measurement-schema columns of a candidate table into float arrays
 (one entry per row) plus derived sizes: tokens per micro-batch, micro-batches per step,
 layers per stage and parameters per GPU. Formulas in `memory.py` and `timing.py` read only
-these arrays, so each formula is written once and scores every row in one call.
+these arrays, so each formula is written once and scores every row in one call. What every
+row shares (a search's model, cluster and batch) is held as one number, and the pipeline's
+shapes are worked out once per distinct layout size (`distinct.per_distinct`): a million
+rows are scored at over a million a second on two cores (benchmarks/speed.py).
 
     shapes = Shapes.of(table, clusters)
     shapes.params_per_gpu  # parameters held by the most loaded pipeline stage, per GPU
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from layoutsearch.costs.distinct import per_distinct
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.layout import (
     ATTENTION_KERNELS,
@@ -44,6 +48,20 @@ def _floats(table: pd.DataFrame, column: str) -> Array:
 
 def _flags(table: pd.DataFrame, column: str) -> Array:
     return table[column].to_numpy(dtype=bool)
+
+
+def _uniform(values: Array) -> Array:
+    """`values` as one number (a 0-d array) where every row has the same one, as the model,
+    the cluster and the job of a search's rows do: numpy broadcasts it over the rows alike,
+    and the formulas of such numbers alone (parameters per layer, a GPU's bandwidth) cost
+    one operation instead of one per row."""
+    if len(values) and (values == values[0]).all():
+        return np.asarray(values[0])
+    return values
+
+
+def _job_floats(table: pd.DataFrame, column: str) -> Array:
+    return _uniform(_floats(table, column))
 
 
 def _codes(table: pd.DataFrame, column: str, names: tuple[str, ...]) -> Array:
@@ -84,9 +102,63 @@ def gpu_codes(table: pd.DataFrame) -> tuple[Array, list[str]]:
     return np.asarray(codes), [str(k) for k in kinds]
 
 
+def _layout_shapes(num_layers: Array, hidden: Array, vocab: Array, untied: Array,
+                   per_layer: Array, global_batch: Array, tp: Array, pp: Array, dp: Array,
+                   vp: Array, micro_batch: Array,
+                   ) -> tuple[Array, Array, Array, Array, Array, Array]:
+    """Per row, `Shapes.vocab`, `micro_batches`, the (3, rows) `stage_layers`,
+    `stage_in_flight` and `stage_params`, and `params_per_gpu`: the shapes of a model that
+    follow from the layout's sizes."""
+    # Megatron pads the vocabulary to a multiple of 128·tp (make_vocab_size_divisible_by,
+    # arguments.py::_vocab_size_with_padding): the embedding, output layer and logits have
+    # that many rows. The model's own parameter count (MFU) stays unpadded.
+    divisor = VOCAB_DIVISIBLE_BY * tp
+    padded_vocab = np.ceil(vocab / divisor) * divisor
+    micro_batches = global_batch / (micro_batch * dp)
+    layer_counts, pp_counts, vp_counts = (np.asarray(a).astype(np.int64)
+                                          for a in (num_layers, pp, vp))
+    first, middle, last = stage_split(layer_counts, pp_counts, vp_counts)
+    single = pp == 1
+    stage_layers = np.stack([  # pp = 1: one stage, counted as the last (all layers)
+        np.where(single, 0, first), np.where(pp > 2, middle, 0), last,
+    ], dtype=np.float64)
+    # Pipeline ranks of the three stages: the first, the second (the middle stage that
+    # holds the most) and the last.
+    rank = np.stack([np.zeros_like(pp), np.ones_like(pp), pp - 1])
+    # 1F1B: rank r runs pp-r-1 warm-up forwards and holds one more in steady state.
+    # Interleaved 1F1B (Megatron's forward_backward_pipelining_with_interleaving):
+    # (pp-r-1)·2 + (vp-1)·pp warm-up forwards of model chunks, each 1/vp of the stage's
+    # layers, capped at the m·vp chunks of the step; on the first stage that is
+    # Korthikanti's pp·(1 + (pp-1)/(pp·vp)) micro-batches (§4.2.3).
+    from_here = pp - rank  # stages from each of the three to the last, itself included
+    chunks = np.minimum((from_here - 1) * 2 + (vp - 1) * pp + 1, micro_batches * vp)
+    stage_in_flight = np.where(vp > 1, chunks / vp, np.minimum(from_here, micro_batches))
+    # Where the embedding and the loss count as layers, the first stage's chunk 0 and the
+    # last stage's chunk vp-1 are a layer short (pipeline.stage_split): the stage holds
+    # chunks·(layers+1)/vp layers less one for each of those chunks in flight.
+    trimmed = END_STAGES & counts_embedding_and_loss(layer_counts, pp_counts, vp_counts)
+    if trimmed.any():
+        short_chunk = np.stack([np.zeros_like(vp), np.zeros_like(vp), vp - 1])
+        short = chunk_forwards(chunks, pp, vp, short_chunk)
+        stage_in_flight += np.where(
+            trimmed, (chunks / vp - short) / np.maximum(stage_layers, 1.0), 0.0)
+    # Each end stage holds one vocabulary matrix (input embedding or output layer); a
+    # single stage of an untied model holds both. Megatron keeps a copy of a tied
+    # embedding on the last stage, so with pp > 1 each end stage holds one either way.
+    stage_embeddings = np.stack([
+        np.where(single, 0.0, 1.0), np.zeros_like(pp),
+        np.where(single & untied, 2.0, 1.0),
+    ])
+    stage_params = (stage_layers * per_layer + stage_embeddings * padded_vocab * hidden) / tp
+    return (padded_vocab, micro_batches, stage_layers, stage_in_flight, stage_params,
+            stage_params.max(axis=0))
+
+
 @dataclass(frozen=True, slots=True)
 class Shapes:
-    """Per-row arrays of a candidate table (all float64 unless named as flags)."""
+    """Per-row arrays of a candidate table (all float64 unless named as flags). A field of
+    the model, the cluster or the job is one number (a 0-d array) where every row has the
+    same one, as in a search; numpy broadcasts it over the rows alike."""
 
     # model
     num_layers: Array
@@ -164,21 +236,24 @@ class Shapes:
         if unknown:
             raise LayoutSearchError(unknown_name_message("gpu", sorted(unknown)[0], clusters))
 
+        def per_kind(values: list[float]) -> Array:
+            lookup = np.array(values)
+            return np.asarray(lookup[0]) if len(kinds) == 1 else lookup[codes]
+
         def per_gpu(attribute: str) -> Array:
-            return np.array([float(getattr(clusters[k].gpu, attribute)) for k in kinds])[codes]
+            return per_kind([float(getattr(clusters[k].gpu, attribute)) for k in kinds])
 
         def per_cluster(attribute: str) -> Array:
-            return np.array([float(getattr(clusters[k], attribute)) for k in kinds])[codes]
+            return per_kind([float(getattr(clusters[k], attribute)) for k in kinds])
 
-        L = _floats(table, "num_layers")
-        layer_counts = table["num_layers"].to_numpy(dtype=np.int64)
-        h = _floats(table, "hidden_size")
-        f = _floats(table, "ffn_hidden_size")
-        a = _floats(table, "num_attention_heads")
-        kv = _floats(table, "num_query_groups") * h / a
-        V = _floats(table, "vocab_size")
-        swiglu = _flags(table, "swiglu")
-        untied = _flags(table, "untie_embeddings")
+        L = _job_floats(table, "num_layers")
+        h = _job_floats(table, "hidden_size")
+        f = _job_floats(table, "ffn_hidden_size")
+        a = _job_floats(table, "num_attention_heads")
+        kv = _job_floats(table, "num_query_groups") * h / a
+        V = _job_floats(table, "vocab_size")
+        swiglu = _uniform(_flags(table, "swiglu"))
+        untied = _uniform(_flags(table, "untie_embeddings"))
         # Q and output projections h×h, K and V h×kv, MLP 3 (gated) or 2 matrices, two
         # RMSNorm weights. Biases and LayerNorm's extra vector are below 0.01 % and left out.
         per_layer = 2 * h * h + 2 * h * kv + np.where(swiglu, 3.0, 2.0) * h * f + 2 * h
@@ -187,55 +262,19 @@ class Shapes:
         dp = np.maximum(_floats(table, "dp"), 1.0)
         cp = _floats(table, "cp")
         mb = _floats(table, "micro_batch_size")
-        seq = _floats(table, "seq_length")
-        global_batch = _floats(table, "global_batch_size")
-        pp_counts, vp_counts = (table[c].to_numpy(dtype=np.int64) for c in ("pp", "vp"))
-        first, middle, last = stage_split(layer_counts, pp_counts, vp_counts)
-        single = pp == 1
-        stage_layers = np.stack([  # pp = 1: one stage, counted as the last (all layers)
-            np.where(single, 0, first), np.where(pp > 2, middle, 0), last,
-        ], dtype=np.float64)
-        micro_batches = global_batch / (mb * dp)
+        seq = _job_floats(table, "seq_length")
+        global_batch = _job_floats(table, "global_batch_size")
         vp = _floats(table, "vp")
-        # Pipeline ranks of the three stages: the first, the second (the middle stage that
-        # holds the most) and the last.
-        rank = np.stack([np.zeros_like(pp), np.ones_like(pp), pp - 1])
-        # 1F1B: rank r runs pp-r-1 warm-up forwards and holds one more in steady state.
-        # Interleaved 1F1B (Megatron's forward_backward_pipelining_with_interleaving):
-        # (pp-r-1)·2 + (vp-1)·pp warm-up forwards of model chunks, each 1/vp of the stage's
-        # layers, capped at the m·vp chunks of the step; on the first stage that is
-        # Korthikanti's pp·(1 + (pp-1)/(pp·vp)) micro-batches (§4.2.3).
-        from_here = pp - rank  # stages from each of the three to the last, itself included
-        chunks = np.minimum((from_here - 1) * 2 + (vp - 1) * pp + 1, micro_batches * vp)
-        stage_in_flight = np.where(vp > 1, chunks / vp, np.minimum(from_here, micro_batches))
-        # Where the embedding and the loss count as layers, the first stage's chunk 0 and the
-        # last stage's chunk vp-1 are a layer short (pipeline.stage_split): the stage holds
-        # chunks·(layers+1)/vp layers less one for each of those chunks in flight.
-        trimmed = END_STAGES & counts_embedding_and_loss(layer_counts, pp_counts, vp_counts)
-        if trimmed.any():
-            short_chunk = np.stack([np.zeros_like(vp), np.zeros_like(vp), vp - 1])
-            short = chunk_forwards(chunks, pp, vp, short_chunk)
-            stage_in_flight += np.where(
-                trimmed, (chunks / vp - short) / np.maximum(stage_layers, 1.0), 0.0)
-        # Each end stage holds one vocabulary matrix (input embedding or output layer); a
-        # single stage of an untied model holds both. Megatron keeps a copy of a tied
-        # embedding on the last stage, so with pp > 1 each end stage holds one either way.
-        stage_embeddings = np.stack([
-            np.where(single, 0.0, 1.0), np.zeros_like(pp),
-            np.where(single & untied, 2.0, 1.0),
-        ])
-        # Megatron pads the vocabulary to a multiple of 128·tp (make_vocab_size_divisible_by,
-        # arguments.py::_vocab_size_with_padding): the embedding, output layer and logits
-        # have that many rows. The model's own parameter count (MFU) stays unpadded.
-        divisor = VOCAB_DIVISIBLE_BY * tp
-        padded_vocab = np.ceil(V / divisor) * divisor
-        stage_params = (stage_layers * per_layer + stage_embeddings * padded_vocab * h) / tp
+        # A few thousand distinct (tp, pp, dp, vp, micro-batch size) among a million rows.
+        padded_vocab, micro_batches, stage_layers, stage_in_flight, stage_params, \
+            params_per_gpu = per_distinct(_layout_shapes, L, h, V, untied, per_layer,
+                                          global_batch, tp, pp, dp, vp, mb)
         return cls(
             num_layers=L, hidden=h, ffn=f, heads=a, kv_width=kv, vocab=padded_vocab, seq=seq,
             swiglu=swiglu, untied=untied, params_per_layer=per_layer,
             num_parameters=num_parameters,
-            num_gpus=_floats(table, "num_gpus"),
-            gpus_per_node=_floats(table, "gpus_per_node"),
+            num_gpus=_job_floats(table, "num_gpus"),
+            gpus_per_node=_job_floats(table, "gpus_per_node"),
             global_batch=global_batch,
             peak_flops=per_gpu("peak_tflops") * 1e12,
             memory_bytes=per_gpu("memory_gib") * 2.0**30,
@@ -258,7 +297,7 @@ class Shapes:
             stage_layers=stage_layers,
             stage_in_flight=stage_in_flight,
             stage_params=stage_params,
-            params_per_gpu=stage_params.max(axis=0),
+            params_per_gpu=params_per_gpu,
             gpu_codes=codes,
             gpu_kinds=kinds,
         )

@@ -252,3 +252,24 @@ def test_a_layout_priced_alone_gets_the_same_bits_as_in_a_whole_table() -> None:
         for column in ("step_time_s", "peak_memory_gib", "mfu"):
             assert alone[column].to_numpy().tobytes() == \
                 whole[column].to_numpy()[i:i + 1].tobytes(), (i, column)
+
+
+def test_a_table_of_several_jobs_prices_each_row_as_its_own_job_does() -> None:
+    # One job's rows share their model, cluster and batch, which the model then holds as one
+    # number each; a table that mixes jobs (a replay, a calibration) holds them per row.
+    # Every row must come out the same, bit for bit, either way.
+    jobs = [table(model="llama_13b", tp=[1, 2, 4], pp=[1, 2], recompute=["none", "full"]),
+            table(model="llama_65b", cluster="h100_sxm", num_gpus=128, tp=[2, 8], pp=[4, 8],
+                  vp=[1, 2]),
+            table(model="llama_7b", num_gpus=8, global_batch_size=512, tp=[1, 2, 4],
+                  micro_batch_size=[1, 4])]
+    mixed = pd.concat(jobs, ignore_index=True)
+    model, clusters = build_cost_model("analytic"), clusters_by_gpu()
+    together = model.score(mixed, clusters)
+    apart = pd.concat([model.score(rows, clusters) for rows in jobs], ignore_index=True)
+    for column in together.columns:
+        mixed_bits, own_bits = together[column].to_numpy(), apart[column].to_numpy()
+        if mixed_bits.dtype.kind in "fb":
+            assert mixed_bits.tobytes() == own_bits.tobytes(), column
+        else:
+            assert together[column].equals(apart[column]), column

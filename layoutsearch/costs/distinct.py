@@ -1,0 +1,108 @@
+"""Work a formula out once per distinct combination of its inputs, not once per row.
+
+A million-row candidate table holds a few thousand distinct (tp, pp, vp, micro-batch)
+combinations; a formula of those alone (how a pipeline splits its layers, the bandwidth of
+the tensor-parallel groups) is worked out on one row of each and gathered back. The result
+is the same, bit for bit, as on every row: the formulas are element-wise.
+
+    layers, in_flight = per_distinct(stage_shapes, pp, vp, micro_batches)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+Array = np.ndarray
+
+WHOLE_LIMIT = 2**20
+"""Columns of whole numbers in [0, this) (rank counts, sizes, flags) key by their values."""
+DENSE_LIMIT = 2**22
+"""Keys below this (or below the row count) are found by marking a flag per possible key
+(~4 ms per million rows); larger ones are hashed (pd.factorize, ~12 ms)."""
+KEY_LIMIT = 2**62
+"""Mixed-radix keys stay below this (int64); past it the key so far is re-coded first."""
+
+
+def _whole_values(column: Array) -> Array | None:
+    """The column as int64 where it holds only whole numbers in [0, WHOLE_LIMIT), else None
+    (a fraction, a negative, NaN)."""
+    with np.errstate(invalid="ignore"):  # NaN and inf cast to garbage, told apart below
+        values = column.astype(np.int64)
+    if column.dtype != bool and not np.array_equal(values, column):
+        return None
+    if values.min() < 0 or values.max() >= WHOLE_LIMIT:
+        return None
+    return values
+
+
+def _by_values(columns: tuple[Array, ...], values: list[Array],
+               ) -> tuple[list[Array], Array]:
+    """`distinct_rows` of whole-number columns: one mixed-radix key of their values."""
+    bases = [int(v.max()) + 1 for v in values]
+    key = values[0]
+    for base, column_values in zip(bases[1:], values[1:], strict=True):
+        key = key * base + column_values
+    possible = int(np.prod(bases, dtype=object))
+    if possible <= max(DENSE_LIMIT, len(key)):
+        present = np.zeros(possible, dtype=bool)
+        present[key] = True
+        keys = np.flatnonzero(present)
+        inverse = (np.cumsum(present) - 1)[key]
+    else:
+        inverse, keys = pd.factorize(key)
+    distinct = []
+    for base, column in zip(reversed(bases), reversed(columns), strict=True):
+        keys, digit = np.divmod(keys, base)
+        distinct.append(digit.astype(column.dtype))
+    return distinct[::-1], inverse
+
+
+def _by_hashing(columns: tuple[Array, ...]) -> tuple[list[Array], Array]:
+    """`distinct_rows` of any columns: each one's codes by hashing, combined."""
+    key = np.zeros(len(columns[0]), dtype=np.int64)
+    radix = 1
+    for column in columns:
+        # NaN is a value like any other (use_na_sentinel=False).
+        codes, uniques = pd.factorize(column, use_na_sentinel=False)
+        if radix * len(uniques) >= KEY_LIMIT:
+            key, kept = pd.factorize(key)
+            radix = len(kept)
+        key = key * len(uniques) + codes
+        radix *= len(uniques)
+    inverse, keys = pd.factorize(key)
+    representative = np.empty(len(keys), dtype=np.intp)
+    # Any row of a combination will do: they all hold the same inputs.
+    representative[inverse] = np.arange(len(inverse))
+    return [column[representative] for column in columns], inverse
+
+
+def distinct_rows(columns: tuple[Array, ...]) -> tuple[list[Array], Array]:
+    """The distinct combinations of the per-row `columns` (1-d, one length, at least one
+    row), column by column, and per row the index of its combination among them."""
+    values = [_whole_values(column) for column in columns]
+    whole = [v for v in values if v is not None]
+    if len(whole) == len(values):
+        return _by_values(columns, whole)
+    return _by_hashing(columns)
+
+
+def per_distinct(formula: Callable[..., tuple[Array, ...]], *inputs: Array,
+                 ) -> tuple[Array, ...]:
+    """`formula(*inputs)`, worked out on one row of each distinct combination of the inputs
+    that vary by row and gathered back to every row along the last axis. A 0-d input (one
+    number for every row) is passed as it is."""
+    varying = [i for i, values in enumerate(inputs) if np.ndim(values) and len(values)]
+    if not varying:
+        return formula(*inputs)
+    distinct, inverse = distinct_rows(tuple(inputs[i] for i in varying))
+    if len(distinct[0]) == len(inverse):  # nothing repeats: gathering would only copy
+        return formula(*inputs)
+    picked = list(inputs)
+    for i, values in zip(varying, distinct, strict=True):
+        picked[i] = values
+    # np.take, not out[..., inverse]: a (3, rows) gather that way is ~7x slower.
+    return tuple(np.take(out, inverse, axis=-1) if np.ndim(out) else out
+                 for out in formula(*picked))

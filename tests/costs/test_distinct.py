@@ -1,0 +1,92 @@
+"""A formula worked out once per distinct combination of its inputs equals it on every row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from layoutsearch.costs import distinct
+from layoutsearch.costs.distinct import distinct_rows, per_distinct
+
+
+def _formula(tp: np.ndarray, pp: np.ndarray, scale: np.ndarray,
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """An element-wise formula with a (3, rows) output and a per-row one."""
+    stages = np.stack([tp / 3.0, pp * scale, np.sqrt(tp + pp) / 7.0])
+    return stages, stages.max(axis=0)
+
+
+def _columns(rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (rng.choice([1.0, 2.0, 4.0, 8.0], rows), rng.choice([1.0, 3.0, 16.0], rows))
+
+
+def _same_bits(got: tuple[np.ndarray, ...], want: tuple[np.ndarray, ...]) -> bool:
+    return all(np.shape(g) == np.shape(w) and np.asarray(g).tobytes() == np.asarray(w).tobytes()
+               for g, w in zip(got, want, strict=True))
+
+
+def test_whole_number_columns_give_each_combination_once_and_every_row_its_own() -> None:
+    tp, pp = _columns(1000)
+    flags = tp > 2
+    (tps, pps, flagged), inverse = distinct_rows((tp, pp, flags))
+    assert len(tps) == 12  # 4 tp x 3 pp; the flag follows tp
+    assert tps.dtype == tp.dtype and flagged.dtype == bool
+    assert np.array_equal(tps[inverse], tp) and np.array_equal(pps[inverse], pp)
+    assert np.array_equal(flagged[inverse], flags)
+    assert len(set(zip(tps.tolist(), pps.tolist(), strict=True))) == len(tps)
+
+
+@pytest.mark.parametrize("odd", [
+    pytest.param(np.array([0.5, 1.0]), id="fraction"),
+    pytest.param(np.array([-2.0, 1.0]), id="negative"),
+    pytest.param(np.array([np.nan, 1.0]), id="nan"),
+    pytest.param(np.array([float(2**40), 1.0]), id="beyond-whole-limit"),
+])
+def test_other_columns_are_told_apart_by_hashing(odd: np.ndarray) -> None:
+    values = np.tile(odd, 50)
+    tp, _ = _columns(100)
+    (found, tps), inverse = distinct_rows((values, tp))
+    # repr: NaN is one value here, as it is to the formulas' inputs.
+    assert len(found) == len({(repr(v), t) for v, t in zip(values.tolist(), tp.tolist(),
+                                                            strict=True)})
+    np.testing.assert_array_equal(found[inverse], values)  # NaN rows read back as NaN
+    np.testing.assert_array_equal(tps[inverse], tp)
+
+
+def test_many_possible_keys_are_hashed_not_marked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Three columns of values up to 2**19 allow ~2**57 keys: too many to mark a flag each.
+    rng = np.random.default_rng(1)
+    columns = tuple(rng.choice([1.0, 2.0**19 - 1], 200) for _ in range(3))
+    monkeypatch.setattr(distinct, "DENSE_LIMIT", 16)
+    found, inverse = distinct_rows(columns)
+    assert len(found[0]) == 8
+    for values, column in zip(found, columns, strict=True):
+        np.testing.assert_array_equal(values[inverse], column)
+
+
+@pytest.mark.parametrize("scale", [pytest.param(np.asarray(1.5), id="one-number"),
+                                   pytest.param(None, id="per-row")])
+def test_per_distinct_equals_the_formula_on_every_row_bit_for_bit(scale: np.ndarray | None,
+                                                                   ) -> None:
+    tp, pp = _columns(5000, seed=2)
+    per_row = np.where(tp > 2, 0.1, 0.3) if scale is None else scale
+    got = per_distinct(_formula, tp, pp, per_row)
+    assert got[0].shape == (3, 5000)
+    assert _same_bits(got, _formula(tp, pp, per_row))
+
+
+def test_per_distinct_of_rows_that_never_repeat_or_of_no_rows_calls_the_formula_once() -> None:
+    calls: list[int] = []
+
+    def counted(tp: np.ndarray, pp: np.ndarray, scale: np.ndarray,
+                ) -> tuple[np.ndarray, np.ndarray]:
+        calls.append(len(tp))
+        return _formula(tp, pp, scale)
+
+    tp, pp = np.array([1.0, 2.0, 4.0]), np.array([1.0, 1.0, 1.0])
+    assert _same_bits(per_distinct(counted, tp, pp, np.asarray(2.0)),
+                      _formula(tp, pp, np.asarray(2.0)))
+    empty = np.array([], dtype=float)
+    assert per_distinct(counted, empty, empty, np.asarray(2.0))[0].shape == (3, 0)
+    assert calls == [3, 0]
