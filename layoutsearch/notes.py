@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from layoutsearch.costs.base import MEASURED_FAILURE
-from layoutsearch.costs.timing import stays_in_node
+from layoutsearch.costs.links import stays_in_node
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.layout import FLASH_ATTENTION, Layout
 from layoutsearch.results import COMMAND_REJECTED, rule_summary

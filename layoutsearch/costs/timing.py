@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from layoutsearch.costs.links import LinkBandwidths, gradient_ranks, link_bandwidths
 from layoutsearch.costs.shapes import Array, Shapes, peak_stage
 from layoutsearch.layout import FLASH_ATTENTION
 
@@ -75,49 +75,6 @@ FLASH_BACKWARD_FLOPS = 2.5
 # Adam on the local shard, besides reading the gradient (`gradient_bytes`): read and write
 # fp32 master, m and v (24), write the bf16 weight (2).
 OPTIMIZER_STATE_TRAFFIC = 26.0
-
-
-def _link_bandwidth(sh: Shapes, k: Mapping[str, Array], inside_nodes: Array,
-                    ranks_per_node: Array) -> Array:
-    """Bytes/s of a transfer: NVLink's where it stays `inside_nodes`; else NCCL runs one
-    ring per NIC, so a group with r ranks on each node moves its inter-node traffic over r
-    NICs at once (r × the per-GPU NIC rate, at most NVLink's)."""
-    network = np.minimum(ranks_per_node * sh.inter_node_bandwidth, sh.intra_node_bandwidth)
-    return np.where(inside_nodes, sh.intra_node_bandwidth * k["nvlink_efficiency"],
-                    network * k["network_efficiency"])
-
-
-def _whole(numbers: Any) -> Any:
-    """Rank counts, held as floats by `Shapes`, as integers: their gcds and quotients are
-    exact either way, and ~5x faster on integers."""
-    return np.asarray(numbers).astype(np.int64)
-
-
-def stays_in_node(size: Any, stride: Any, gpus_per_node: Any, num_gpus: Any) -> Any:
-    """Whether the groups of `size` ranks `stride` apart stay inside nodes: their blocks of
-    size·stride consecutive ranks tile whole nodes (or the job has one node). A block
-    tiles nodes when it divides gpus_per_node: when it is gcd(gpus_per_node, block)."""
-    block = _whole(size * stride)
-    return (num_gpus <= gpus_per_node) | (np.gcd(_whole(gpus_per_node), block) == block)
-
-
-def _bus_bandwidth(sh: Shapes, k: Mapping[str, Array], size: Array, stride: Array) -> Array:
-    """NCCL bus bandwidth, bytes/s, of the groups of `size` ranks `stride` ranks apart.
-
-    Such groups tile blocks of size·stride consecutive ranks from rank 0: they stay inside
-    nodes when the blocks do (or the job has one node). A block that straddles a node
-    boundary (tp 4 on 6-GPU nodes) puts a group across it, and the slowest group paces
-    the step: the one with the fewest ranks on a node. Node boundaries fall on multiples of
-    gpus_per_node, so the smallest part of a block they cut is gcd(gpus_per_node, block)
-    ranks, holding gcd / stride of its group's ranks (at least one); a block of whole nodes
-    has gpus_per_node / stride on each.
-    """
-    block = size * stride
-    nodes = sh.gpus_per_node
-    inside = stays_in_node(size, stride, nodes, sh.num_gpus)
-    cut = np.gcd(_whole(nodes), _whole(block))
-    ranks_per_node = np.clip(cut // np.maximum(_whole(stride), 1), 1, size)
-    return _link_bandwidth(sh, k, inside, ranks_per_node)
 
 
 def _memory_rate(sh: Shapes, k: Mapping[str, Array]) -> Array:
@@ -232,7 +189,7 @@ def recompute_s(sh: Shapes, compute: LayerCompute) -> Array:
     )
 
 
-def tensor_parallel_s(sh: Shapes, k: Mapping[str, Array]) -> tuple[Array, Array]:
+def tensor_parallel_s(sh: Shapes, links: LinkBandwidths) -> tuple[Array, Array]:
     """Seconds of one layer's tensor-parallel collectives for one micro-batch: those of the
     forward pass, and all of them (forward, backward and those recomputation repeats)."""
     T, h, t = sh.tokens, sh.hidden, sh.tp
@@ -250,8 +207,8 @@ def tensor_parallel_s(sh: Shapes, k: Mapping[str, Array]) -> tuple[Array, Array]
     # 47 % measured, against 46.8 % priced exposed; on 4,608 GPUs 42.2 % against 40.9 %, 42 %
     # measured; figures from before FlashAttention's backward counted 2.5 forwards, which
     # moved the exposed ones 0.1-0.2 points).
-    tp_bandwidth = _bus_bandwidth(sh, k, t, np.ones_like(t))
-    tp_collective_s = np.where(t > 1, 2 * (t - 1) / t * 2.0 * T * h / tp_bandwidth, 0.0)
+    tp_collective_s = np.where(t > 1, 2 * (t - 1) / t * 2.0 * T * h / links.tensor_parallel,
+                               0.0)
     tp_fwd_s = 2 * tp_collective_s
     tp_bwd_s = tp_fwd_s * np.where(sh.sequence_parallel, 1.5, 1.0)
     # Recomputation repeats forward collectives: all of them (full), or the MLP's half.
@@ -283,21 +240,16 @@ def kernel_launches(sh: Shapes) -> tuple[Array, Array]:
     return forward_kernels, FORWARD_AND_BACKWARD * forward_kernels + recompute_kernels
 
 
-def context_parallel_exposed_s(sh: Shapes, k: Mapping[str, Array], attention_s: Array) -> Array:
+def context_parallel_exposed_s(sh: Shapes, links: LinkBandwidths, attention_s: Array) -> Array:
     """Seconds of one layer's context-parallel ring transfers for one micro-batch that its
     attention (`attention_s`, forward + backward) does not hide."""
     T, t, cp = sh.tokens, sh.tp, sh.cp
     # Context parallelism passes each rank's K and V chunk around a ring (cp-1 steps) forward,
     # and K, V and their gradients backward; the transfers overlap the attention kernels
     # (Megatron/Transformer Engine ring attention), so only the excess is exposed.
-    # Each step is a point-to-point send to the next CP rank, not a collective (Transformer
-    # Engine's AttnFuncWithCPAndKVP2P: send_dst = cp_global_ranks[(rank + 1) % cp_size]):
-    # where the ring leaves a node, that hop runs over the sending GPU's one NIC however many
-    # CP ranks share the node, and it paces every step, as a pipeline hop does.
+    # Each step is a point-to-point send to the next CP rank (links.context_ring).
     kv_bytes = 2 * 2.0 * T * sh.kv_width / t  # K and V of the local chunk, bf16
-    ring_in_node = stays_in_node(cp, t, sh.gpus_per_node, sh.num_gpus)
-    cp_bandwidth = _link_bandwidth(sh, k, ring_in_node, np.ones_like(t))
-    cp_transfer_s = (cp - 1) * kv_bytes * (1 + 2) / cp_bandwidth  # forward + backward
+    cp_transfer_s = (cp - 1) * kv_bytes * (1 + 2) / links.context_ring  # forward + backward
     return np.where(cp > 1, np.maximum(0.0, cp_transfer_s - attention_s), 0.0)
 
 
@@ -313,7 +265,7 @@ def logits_s(sh: Shapes, k: Mapping[str, Array]) -> Array:
             + LOSS_TRAFFIC * T * sh.vocab * vocab_share / _memory_rate(sh, k))
 
 
-def pipeline_p2p_s(sh: Shapes, k: Mapping[str, Array]) -> Array:
+def pipeline_p2p_s(sh: Shapes, links: LinkBandwidths) -> Array:
     """Seconds a stage spends sending and receiving across its boundaries, per micro-batch."""
     # Pipeline: activations cross each stage boundary forward and their gradients backward;
     # neighbouring stages sit tp·cp·dp ranks apart, on another node beyond gpus_per_node.
@@ -325,12 +277,10 @@ def pipeline_p2p_s(sh: Shapes, k: Mapping[str, Array]) -> Array:
     # 256-GPU sweep (left out, its held-out ρ fell from 0.86 to 0.73). With vp interleaved
     # chunks every stage sends and receives once per chunk: vp times the traffic (Narayanan
     # et al. 2021, §2.2: "the amount of communication also increases by v").
-    # A pipeline over more than one node has a hop across a node boundary (stages are
-    # blocks of tp·cp·dp consecutive ranks), which paces it: one rank each side, one NIC.
-    t = sh.tp
-    p2p_bytes = 2.0 * sh.tokens * sh.hidden / t
-    pair = _link_bandwidth(sh, k, sh.num_gpus <= sh.gpus_per_node, np.ones_like(t))
-    return np.where(sh.pp > 1, sh.vp * 2 * p2p_bytes / pair, 0.0)
+    # A pipeline over more than one node paces at its hop across a node boundary
+    # (links.pipeline_hop).
+    p2p_bytes = 2.0 * sh.tokens * sh.hidden / sh.tp
+    return np.where(sh.pp > 1, sh.vp * 2 * p2p_bytes / links.pipeline_hop, 0.0)
 
 
 def slowest_stage(sh: Shapes, layer_s: Array, logits: Array) -> tuple[Array, Array]:
@@ -352,22 +302,17 @@ def bubble_s(sh: Shapes, layer_s: Array, logits: Array) -> Array:
     return (sh.pp - 1) / sh.vp * mean_stage_mb
 
 
-def _gradient_ranks(sh: Shapes) -> Array:
-    """Ranks that reduce the gradients together: Megatron reduces over the data- and
-    context-parallel ranks together (its dp-cp group), dp·cp ranks, tp apart."""
-    return sh.dp * sh.cp
-
-
-def data_parallel_exposed_s(sh: Shapes, k: Mapping[str, Array], stage_layers: Array,
-                            layer_s: Array, forward_layer_s: Array) -> Array:
+def data_parallel_exposed_s(sh: Shapes, k: Mapping[str, Array], links: LinkBandwidths,
+                            stage_layers: Array, layer_s: Array, forward_layer_s: Array,
+                            ) -> Array:
     """Seconds of one step's data-parallel communication that compute does not hide, on the
     slowest stage (`stage_layers` layers of `layer_s` seconds per micro-batch, of which
     `forward_layer_s` forward)."""
     # Data parallelism: reduce-scatter the gradients and all-gather the updated bf16 weights
     # (distributed optimizer), or all-reduce the gradients.
-    d = _gradient_ranks(sh)
+    d = gradient_ranks(sh.dp, sh.cp)
     P = sh.params_per_gpu
-    dp_bandwidth = _bus_bandwidth(sh, k, d, sh.tp)
+    dp_bandwidth = links.gradient
     gradient_s = np.where(sh.distributed_optimizer, 1.0, 2.0) * (
         (d - 1) / d * P * k["gradient_bytes"] / dp_bandwidth)
     gather_s = np.where(sh.distributed_optimizer, (d - 1) / d * P * 2.0 / dp_bandwidth, 0.0)
@@ -392,7 +337,8 @@ def data_parallel_exposed_s(sh: Shapes, k: Mapping[str, Array], stage_layers: Ar
 def optimizer_step_s(sh: Shapes, k: Mapping[str, Array]) -> Array:
     """Seconds of the optimizer step: Adam over the local shard of the parameters (all of
     them without the distributed optimizer)."""
-    shard = sh.params_per_gpu / np.where(sh.distributed_optimizer, _gradient_ranks(sh), 1.0)
+    sharded_over = np.where(sh.distributed_optimizer, gradient_ranks(sh.dp, sh.cp), 1.0)
+    shard = sh.params_per_gpu / sharded_over
     return (OPTIMIZER_STATE_TRAFFIC + k["gradient_bytes"]) * shard / _memory_rate(sh, k)
 
 
@@ -404,7 +350,8 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     the exposed data-parallel communication and the optimizer step.
     """
     compute = layer_compute(sh, k)
-    tp_fwd_s, tp_comm_s = tensor_parallel_s(sh, k)
+    links = link_bandwidths(sh, k)
+    tp_fwd_s, tp_comm_s = tensor_parallel_s(sh, links)
     forward_kernels, kernels = kernel_launches(sh)
     # The recomputed forward's collectives are counted with the communication (tp_comm).
     per_layer = {
@@ -413,7 +360,7 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
         "elementwise": compute.elementwise_s,
         "recompute": recompute_s(sh, compute),
         "tp_comm": tp_comm_s,
-        "cp_comm": context_parallel_exposed_s(sh, k, compute.attention_s),
+        "cp_comm": context_parallel_exposed_s(sh, links, compute.attention_s),
         "overhead": kernels * k["kernel_overhead_s"],
     }
     layer_s = sum(per_layer.values())
@@ -426,8 +373,9 @@ def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     return {
         **parts,
         "logits": m * stage_logits,
-        "pp_comm": m * pipeline_p2p_s(sh, k),
+        "pp_comm": m * pipeline_p2p_s(sh, links),
         "bubble": bubble_s(sh, layer_s, logits),
-        "dp_comm": data_parallel_exposed_s(sh, k, stage_layers, layer_s, forward_layer_s),
+        "dp_comm": data_parallel_exposed_s(
+            sh, k, links, stage_layers, layer_s, forward_layer_s),
         "optimizer": optimizer_step_s(sh, k),
     }

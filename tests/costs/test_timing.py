@@ -9,8 +9,7 @@ import pytest
 from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs import build_cost_model
 from layoutsearch.costs.constants import load_constants
-from layoutsearch.costs.shapes import Shapes
-from layoutsearch.costs.timing import _bus_bandwidth, kernel_launches
+from layoutsearch.costs.timing import kernel_launches
 from tests.costs.builders import score, shapes, table
 
 # A tiny vocabulary makes the output layer negligible, so every stage does the same work.
@@ -110,19 +109,6 @@ def test_a_group_across_a_node_boundary_is_priced_on_the_network() -> None:
     inside = _scored_on_nodes_of(24, **layout)["time_tp_comm_s"]
     assert straddling > 3 * inside
     assert _scored_on_nodes_of(8, **layout)["time_tp_comm_s"] == pytest.approx(inside)
-
-
-def test_a_straddling_group_gets_the_nics_of_its_fewest_ranks_on_a_node() -> None:
-    # 6-GPU nodes, 24 GPUs. tp 4: ranks 4-7 put 2 on node 0 and 2 on node 1 (2 NICs).
-    # dp 4 at tp 2 (stride 2, blocks of 8 ranks): node 1 starts at rank 6, so the groups
-    # 0, 2, 4, 6 and 1, 3, 5, 7 each have one rank there (1 NIC).
-    sh = Shapes.of(table(num_gpus=24, global_batch_size=24, tp=[4, 2])
-                   .assign(gpus_per_node=6), clusters_by_gpu())
-    k = {name: np.full(2, value) for name, value in
-         load_constants("analytic")["a100_80gb"].to_dict().items()}
-    nic = sh.inter_node_bandwidth * k["network_efficiency"]
-    size, stride = np.array([4.0, 4.0]), np.array([1.0, 2.0])
-    np.testing.assert_allclose(_bus_bandwidth(sh, k, size, stride), [2 * nic[0], nic[1]])
 
 
 def test_a_pipeline_over_several_nodes_sends_across_one_of_their_boundaries() -> None:
