@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from layoutsearch.costs.shapes import Array, Shapes, peak_stage
+from layoutsearch.costs.shapes import Array, Shapes, at_stage, peak_stage
 
 GIB = 2.0**30
 
@@ -120,9 +120,8 @@ def memory_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     totals = sum(static.values()) + activations
     totals[2] += last_stage_logits
     peak = peak_stage(totals)
-    rows = np.arange(P.shape[1])
-    parts = {name: value[peak, rows] for name, value in static.items()}
-    parts["activations"] = activations[peak, rows]
+    parts = {name: at_stage(value, peak) for name, value in static.items()}
+    parts["activations"] = at_stage(activations, peak)
     parts["logits"] = np.where(peak == 2, last_stage_logits, 0.0)
     parts["overhead"] = np.full(P.shape[1], k["memory_overhead_gib"] * GIB)
     return parts

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from layoutsearch.costs.links import LinkBandwidths, gradient_ranks, link_bandwidths
-from layoutsearch.costs.shapes import Array, Shapes, peak_stage
+from layoutsearch.costs.shapes import Array, Shapes, at_stage, peak_stage
 from layoutsearch.layout import FLASH_ATTENTION
 
 # Element-wise traffic per token and layer, forward pass, in bytes per unit of width. The
@@ -212,9 +212,7 @@ def tensor_parallel_s(sh: Shapes, links: LinkBandwidths) -> tuple[Array, Array]:
     tp_fwd_s = 2 * tp_collective_s
     tp_bwd_s = tp_fwd_s * np.where(sh.sequence_parallel, 1.5, 1.0)
     # Recomputation repeats forward collectives: all of them (full), or the MLP's half.
-    full, _, mlp_recompute = _recompute_kinds(sh)
-    tp_comm_s = tp_fwd_s + tp_bwd_s + tp_fwd_s * np.select(
-        [full, mlp_recompute], [1.0, 0.5], default=0.0)
+    tp_comm_s = tp_fwd_s + tp_bwd_s + tp_fwd_s * sh.per_recompute({"full": 1.0, "mlp": 0.5})
     return tp_fwd_s, tp_comm_s
 
 
@@ -291,8 +289,7 @@ def slowest_stage(sh: Shapes, layer_s: Array, logits: Array) -> tuple[Array, Arr
     stage_s = sh.stage_layers * layer_s
     stage_s[2] += logits
     slowest = peak_stage(stage_s)
-    rows = np.arange(len(slowest))
-    return sh.stage_layers[slowest, rows], np.where(slowest == 2, logits, 0.0)
+    return at_stage(sh.stage_layers, slowest), np.where(slowest == 2, logits, 0.0)
 
 
 def bubble_s(sh: Shapes, layer_s: Array, logits: Array) -> Array:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from layoutsearch.costs.memory import GIB, activation_bytes_per_layer
-from layoutsearch.costs.shapes import peak_stage
+from layoutsearch.costs.shapes import at_stage, peak_stage
 from tests.costs.builders import score, shapes
 
 GPT3 = dict(model="gpt3_175b", num_gpus=1024, seq_length=2048, global_batch_size=1536)
@@ -269,3 +269,11 @@ def test_the_peak_stage_is_the_first_largest_as_argmax_says() -> None:
                           [1.0, 1.0, 4.0, 3.0, 6.0, 9.0, np.nan]])
     assert peak_stage(per_stage).tolist() == [0, 0, 1, 2, 1, 0, 2]
     assert peak_stage(per_stage).tolist() == np.argmax(per_stage, axis=0).tolist()
+    # The peak stage's own entry, row by row (NaN where that stage holds NaN).
+    peaks = at_stage(per_stage, peak_stage(per_stage))
+    np.testing.assert_array_equal(peaks, [3.0, 2.0, 4.0, 3.0, np.nan, np.nan, np.nan])
+
+
+def test_a_number_per_recompute_kind_is_zero_for_kinds_not_named() -> None:
+    sh = shapes(recompute=["none", "selective", "mlp", "full"])
+    assert sh.per_recompute({"full": 1.0, "mlp": 0.5}).tolist() == [0.0, 0.0, 0.5, 1.0]
