@@ -1,9 +1,10 @@
 """The analytic cost model: time and memory of every candidate from first principles.
 
-It prices a whole candidate table in one vectorized call: memory
-per GPU by component (`memory.py`), seconds per step by component (`timing.py`), then MFU
-by the study's formula, tokens/s and the go/no-go `fits`. Its constants — efficiencies and
-overheads per GPU kind — come from `cost_models/analytic.yaml` or a calibrated copy.
+It prices a whole candidate table in vectorized calls (a big one in row blocks, one per
+CPU core, side by side: `blocks.py`): memory per GPU by component (`memory.py`), seconds
+per step by component (`timing.py`), then MFU by the study's formula, tokens/s and the
+go/no-go `fits`. Its constants — efficiencies and overheads per GPU kind — come from
+`cost_models/analytic.yaml` or a calibrated copy.
 
     model = AnalyticCostModel.load("analytic")
     scored = model.score(candidates, clusters)   # step_time_s, mfu, peak_memory_gib, ...
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from layoutsearch.costs.blocks import in_blocks
 from layoutsearch.costs.constants import (
     AnalyticConstants,
     analytic_config,
@@ -113,6 +115,19 @@ class AnalyticCostModel:
     def score(
         self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec]
     ) -> pd.DataFrame:
+        columns = in_blocks(lambda block: self._price(block, clusters), candidates)
+        limit_gib = columns.pop(MEMORY_LIMIT)
+        # copy=False: the columns stay the arrays just computed; consolidating ~50 float
+        # columns into one block copies them all (~0.2 s of a 1.2M-row table).
+        frame = pd.DataFrame(columns, index=candidates.index, copy=False)
+        frame["cost_reason"] = _memory_reasons(columns["peak_memory_gib"], limit_gib,
+                                               columns["fits"], frame.index).array
+        return frame
+
+    def _price(self, candidates: pd.DataFrame, clusters: Mapping[str, ClusterSpec],
+               ) -> dict[str, Array]:
+        """The prediction columns of the rows of `candidates`, and each row's GPU memory
+        (GiB) as `MEMORY_LIMIT`, for the reasons of those that do not fit."""
         shapes = Shapes.of(candidates, clusters)
         constants = self._per_row(shapes)
         times = time_breakdown(shapes, constants)
@@ -137,13 +152,12 @@ class AnalyticCostModel:
         }
         out.update({f"time_{name}_s": value for name, value in times.items()})
         out.update({f"memory_{name}_gib": value / GIB for name, value in memory.items()})
-        # copy=False: the columns stay the arrays just computed; consolidating ~50 float
-        # columns into one block copies them all (~0.2 s of a 1.2M-row table).
-        frame = pd.DataFrame(out, index=candidates.index, copy=False)
-        frame["cost_reason"] = _memory_reasons(out["peak_memory_gib"], shapes.memory_bytes / GIB,
-                                               fits, frame.index).array
-        return frame
+        out[MEMORY_LIMIT] = np.broadcast_to(shapes.memory_bytes / GIB, step.shape)
+        return out
 
+
+MEMORY_LIMIT = "gpu memory (GiB)"
+"""Key of each row's GPU memory among `_price`'s columns; not a prediction column."""
 
 PACKED_PEAK_TENTHS = 2**38
 """Peaks below this many tenths of a GiB (27 billion GiB) pack with a limit below 2**24
