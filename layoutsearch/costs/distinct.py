@@ -10,6 +10,7 @@ is the same, bit for bit, as on every row: the formulas are element-wise.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -23,7 +24,8 @@ DENSE_LIMIT = 2**22
 """Keys below this (or below the row count) are found by marking a flag per possible key
 (~4 ms per million rows); larger ones are hashed (pd.factorize, ~12 ms)."""
 KEY_LIMIT = 2**62
-"""Mixed-radix keys stay below this (int64); past it the key so far is re-coded first."""
+"""Mixed-radix keys stay below this (int64): whole-number columns that allow more keys are
+hashed, and a hashed key that would pass it is re-coded first."""
 
 
 def _whole_values(column: Array) -> Array | None:
@@ -38,14 +40,14 @@ def _whole_values(column: Array) -> Array | None:
     return values
 
 
-def _by_values(columns: tuple[Array, ...], values: list[Array],
+def _by_values(columns: tuple[Array, ...], values: list[Array], bases: list[int],
                ) -> tuple[list[Array], Array]:
-    """`distinct_rows` of whole-number columns: one mixed-radix key of their values."""
-    bases = [int(v.max()) + 1 for v in values]
+    """`distinct_rows` of whole-number columns: one mixed-radix key of their values (each
+    below its base; the bases' product below KEY_LIMIT, so the key does not wrap)."""
     key = values[0]
     for base, column_values in zip(bases[1:], values[1:], strict=True):
         key = key * base + column_values
-    possible = int(np.prod(bases, dtype=object))
+    possible = math.prod(bases)
     if possible <= max(DENSE_LIMIT, len(key)):
         present = np.zeros(possible, dtype=bool)
         present[key] = True
@@ -85,7 +87,9 @@ def distinct_rows(columns: tuple[Array, ...]) -> tuple[list[Array], Array]:
     values = [_whole_values(column) for column in columns]
     whole = [v for v in values if v is not None]
     if len(whole) == len(values):
-        return _by_values(columns, whole)
+        bases = [int(v.max()) + 1 for v in whole]
+        if math.prod(bases) < KEY_LIMIT:
+            return _by_values(columns, whole, bases)
     return _by_hashing(columns)
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from layoutsearch.costs import distinct
+from layoutsearch.catalog import clusters_by_gpu
+from layoutsearch.costs import build_cost_model, distinct
 from layoutsearch.costs.distinct import distinct_rows, per_distinct
+from tests.costs.builders import table
 
 
 def _formula(tp: np.ndarray, pp: np.ndarray, scale: np.ndarray,
@@ -90,3 +93,30 @@ def test_per_distinct_of_rows_that_never_repeat_or_of_no_rows_calls_the_formula_
     empty = np.array([], dtype=float)
     assert per_distinct(counted, empty, empty, np.asarray(2.0))[0].shape == (3, 0)
     assert calls == [3, 0]
+
+
+def test_whole_number_columns_whose_key_would_pass_int64_are_hashed() -> None:
+    # Five columns of values up to 2**19 allow ~2**95 keys: a mixed-radix int64 key of their
+    # values wraps, and the combinations read back from it would be wrong.
+    rng = np.random.default_rng(3)
+    columns = tuple(rng.choice([1.0, 2.0**19 - 1], 200) for _ in range(5))
+    found, inverse = distinct_rows(columns)
+    assert len(found[0]) == 32
+    for values, column in zip(found, columns, strict=True):
+        np.testing.assert_array_equal(values[inverse], column)
+
+
+def test_a_table_of_jobs_whose_layout_key_would_pass_int64_is_scored_row_by_row() -> None:
+    # Two jobs of one width, their layer counts, vocabularies and batches apart: the whole
+    # inputs of the pipeline's shapes (layers, vocabulary, batch, tp, pp, dp, vp, micro-batch
+    # size) allow ~1.5e19 combinations, past int64. Each row scores as it does alone.
+    big = table(num_gpus=16384, global_batch_size=16384, tp=[1, 8], pp=[1, 2, 4],
+                micro_batch_size=[1, 4], recompute=["none", "full"],
+                model_fields=dict(num_layers=40, vocab_size=1_000_000))
+    small = table(num_gpus=64, global_batch_size=512, tp=[1, 2], pp=[1, 2, 4],
+                  recompute=["none", "full"], model_fields=dict(num_layers=127, vocab_size=32000))
+    model, clusters = build_cost_model("analytic"), clusters_by_gpu()
+    together = model.score(pd.concat([big, small], ignore_index=True), clusters)
+    apart = pd.concat([model.score(big, clusters), model.score(small, clusters)],
+                      ignore_index=True)
+    pd.testing.assert_frame_equal(together, apart, check_exact=True)
