@@ -30,7 +30,9 @@ hashed, and a hashed key that would pass it is re-coded first."""
 
 def _whole_values(column: Array) -> Array | None:
     """The column as int64 where it holds only whole numbers in [0, WHOLE_LIMIT), else None
-    (a fraction, a negative, NaN)."""
+    (a fraction, a negative, NaN, -0.0: its value 0 would read back as 0.0)."""
+    if column.dtype.kind == "f" and np.signbit(column).any():
+        return None
     with np.errstate(invalid="ignore"):  # NaN and inf cast to garbage, told apart below
         values = column.astype(np.int64)
     if column.dtype != bool and not np.array_equal(values, column):
@@ -62,13 +64,19 @@ def _by_values(columns: tuple[Array, ...], values: list[Array], bases: list[int]
     return distinct[::-1], inverse
 
 
+def _bits(column: Array) -> Array:
+    """A float column as integers of the same bits (hashing takes -0.0 for 0.0); others as
+    they are."""
+    return column.view(f"i{column.itemsize}") if column.dtype.kind == "f" else column
+
+
 def _by_hashing(columns: tuple[Array, ...]) -> tuple[list[Array], Array]:
     """`distinct_rows` of any columns: each one's codes by hashing, combined."""
     key = np.zeros(len(columns[0]), dtype=np.int64)
     radix = 1
     for column in columns:
-        # NaN is a value like any other (use_na_sentinel=False).
-        codes, uniques = pd.factorize(column, use_na_sentinel=False)
+        # Floats by their bits: NaN is a value like any other, and -0.0 is not 0.0.
+        codes, uniques = pd.factorize(_bits(column), use_na_sentinel=False)
         if radix * len(uniques) >= KEY_LIMIT:
             key, kept = pd.factorize(key)
             radix = len(kept)

@@ -54,8 +54,9 @@ def _uniform(values: Array) -> Array:
     """`values` as one number (a 0-d array) where every row has the same one, as the model,
     the cluster and the job of a search's rows do: numpy broadcasts it over the rows alike,
     and the formulas of such numbers alone (parameters per layer, a GPU's bandwidth) cost
-    one operation instead of one per row."""
-    if len(values) and (values == values[0]).all():
+    one operation instead of one per row. Compared bit for bit: -0.0 is not 0.0."""
+    bits = values.view(f"u{values.itemsize}")
+    if len(bits) and (bits == bits[0]).all():
         return np.asarray(values[0])
     return values
 

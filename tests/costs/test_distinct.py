@@ -9,6 +9,7 @@ import pytest
 from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs import build_cost_model, distinct
 from layoutsearch.costs.distinct import distinct_rows, per_distinct
+from layoutsearch.costs.shapes import _uniform
 from tests.costs.builders import table
 
 
@@ -120,3 +121,22 @@ def test_a_table_of_jobs_whose_layout_key_would_pass_int64_is_scored_row_by_row(
     apart = pd.concat([model.score(big, clusters), model.score(small, clusters)],
                       ignore_index=True)
     pd.testing.assert_frame_equal(together, apart, check_exact=True)
+
+
+@pytest.mark.parametrize("other", [pytest.param(np.array([1.0, 2.0]), id="whole"),
+                                   pytest.param(np.array([0.5, 2.0]), id="hashed")])
+def test_negative_zero_is_told_apart_from_zero(other: np.ndarray) -> None:
+    # -0.0 == 0.0, but 1 / -0.0 is -inf: each row's formula sees its own zero's sign.
+    zeros = np.tile([0.0, -0.0, 0.0], 20)
+    rest = np.tile(other, 30)
+    (found, _), inverse = distinct_rows((zeros, rest))
+    assert found[inverse].tobytes() == zeros.tobytes()
+    with np.errstate(divide="ignore"):
+        assert _same_bits(per_distinct(lambda z, r: (r / z,), zeros, rest), (rest / zeros,))
+
+
+def test_a_column_is_one_number_only_where_its_rows_hold_the_same_bits() -> None:
+    assert _uniform(np.array([2.0, 2.0])).ndim == 0
+    assert _uniform(np.array([True, True])).ndim == 0
+    mixed_zeros = np.array([0.0, -0.0])
+    assert _uniform(mixed_zeros) is mixed_zeros
