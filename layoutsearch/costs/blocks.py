@@ -12,6 +12,7 @@ sampling driver's one layout, are priced in the calling thread.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import os
 from collections.abc import Callable
@@ -52,8 +53,13 @@ def in_blocks(price: Callable[[pd.DataFrame], dict[str, Array]], table: pd.DataF
     bounds = block_bounds(len(table), usable_cores() if cores is None else cores)
     if len(bounds) == 1:
         return price(table)
+    # Each block runs in a copy of the caller's context: numpy keeps np.errstate there, and
+    # a thread otherwise starts with numpy's defaults (a block would warn where the caller
+    # raises or ignores). One copy per block: a context runs in one thread at a time.
+    contexts = [contextvars.copy_context() for _ in bounds]
     with ThreadPoolExecutor(max_workers=len(bounds), thread_name_prefix="price") as pool:
-        parts = list(pool.map(lambda b: price(table.iloc[b[0]:b[1]]), bounds))
+        parts = list(pool.map(lambda b, context: context.run(price, table.iloc[b[0]:b[1]]),
+                              bounds, contexts))
         # Joining copies every column once; the copies run side by side too (numpy lets go
         # of the lock while it copies, and a column's new pages fault in its own thread).
         names = list(parts[0])

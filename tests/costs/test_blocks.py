@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -71,3 +72,23 @@ def test_the_analytic_model_prices_a_table_in_blocks_as_it_prices_it_whole(
     in_three = model.score(rows, clusters)
     pd.testing.assert_frame_equal(in_three, whole, check_exact=True)
     assert not whole["fits"].all() and whole["cost_reason"].str.startswith("needs").any()
+
+
+@pytest.mark.parametrize("mode", ["raise", "ignore"])
+def test_each_block_is_priced_under_the_callers_numpy_error_handling(mode: str) -> None:
+    # np.errstate is held per context: a thread starts with numpy's default (warn) unless it
+    # runs in a copy of the caller's, and a big table would then warn where a small one
+    # raises or is silent.
+    rows = pd.DataFrame({"x": np.zeros(2 * MIN_BLOCK_ROWS)})
+
+    def price(block: pd.DataFrame) -> dict[str, np.ndarray]:
+        return {"inverse": 1.0 / block["x"].to_numpy()}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning fails the "ignore" case
+        with np.errstate(divide=mode):
+            if mode == "raise":
+                with pytest.raises(FloatingPointError):
+                    in_blocks(price, rows, cores=2)
+            else:
+                assert np.isinf(in_blocks(price, rows, cores=2)["inverse"]).all()
