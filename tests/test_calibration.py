@@ -31,7 +31,7 @@ from layoutsearch.calibration import (
 )
 from layoutsearch.calibration.cli import _parser
 from layoutsearch.calibration.fit import at_least_as_good
-from layoutsearch.calibration.memory import best_overhead
+from layoutsearch.calibration.memory import _tile, best_overhead
 from layoutsearch.calibration.timing import (
     DISORDER_WEIGHT,
     DISORDER_WIDTH,
@@ -50,6 +50,7 @@ from layoutsearch.paths import config_dir
 from layoutsearch.rules import violations
 from layoutsearch.space import SearchSpace
 from layoutsearch.specs import Job
+from tests.costs.builders import shapes
 
 PRIOR = load_constants("analytic_prior")
 
@@ -619,3 +620,12 @@ def test_every_calibration_option_with_a_default_names_it_in_its_help():
                if action.option_strings and action.default not in (None, False, argparse.SUPPRESS)
                and f"default {action.default}" not in action.help % vars(action)]
     assert unnamed == []
+
+
+def test_tiled_shapes_repeat_each_row_and_keep_what_every_row_shares() -> None:
+    sh = shapes(tp=[1, 2], pp=[1, 2])
+    tiled = _tile(sh, 3)
+    np.testing.assert_array_equal(tiled.tp, np.tile(sh.tp, 3))
+    assert tiled.stage_layers.shape == (3, 3 * len(sh.tp))
+    assert np.ndim(tiled.hidden) == 0  # one model: one number, not repeated
+    assert isinstance(tiled.gpu_kinds, list) and tiled.gpu_kinds == sh.gpu_kinds

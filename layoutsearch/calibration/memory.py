@@ -55,7 +55,7 @@ def _tile(shapes: Shapes, times: int) -> Shapes:
     # and the list of GPU kinds stay.
     fields = {f.name: getattr(shapes, f.name) for f in dataclasses.fields(Shapes)}
     tiled: dict[str, Any] = {name: np.tile(value, times) for name, value in fields.items()
-                             if np.ndim(value)}
+                             if isinstance(value, np.ndarray) and value.ndim}
     return dataclasses.replace(shapes, **tiled)
 
 
