@@ -56,8 +56,9 @@ def median_seconds(run: Callable[[], object], repeats: int) -> float:
 
 
 def on_one_core(run: Callable[[], float]) -> float | None:
-    """`run()` with this process held to one CPU core (its affinity mask, so the analytic
-    model prices in one block); None where the platform sets no affinity."""
+    """`run()` held to one CPU core (the calling thread's affinity mask, which the threads
+    it starts inherit: the analytic model reads it and prices in one block); None where the
+    platform sets no affinity."""
     if not hasattr(os, "sched_setaffinity"):
         return None
     allowed = os.sched_getaffinity(0)

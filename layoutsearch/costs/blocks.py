@@ -2,10 +2,11 @@
 
 The analytic formulas are numpy operations on whole columns, and numpy lets go of Python's
 global lock inside each of them: blocks priced in threads run on every core at once. On a
-2-core machine a 1.25M-row table is priced ~2x faster in two blocks than in one. Every row
-comes out the same, bit for bit, as the formulas are element-wise (a table of one job
-gives a block the same numbers as the whole). Tables under `MIN_BLOCK_ROWS` rows, as a
-sampling driver's one layout, are priced in the calling thread.
+2-core machine a 1.25M-row table is priced 1.2-2x faster in two blocks than in one
+(benchmarks/speed.py prints both). Every row comes out the same, bit for bit, as the
+formulas are element-wise (a table of one job gives a block the same numbers as the
+whole). No block is under `MIN_BLOCK_ROWS` rows: a table under twice that, as a sampling
+driver's one layout, is priced whole in the calling thread.
 
     columns = in_blocks(price, candidates)   # price(block) -> {column: array per row}
 """

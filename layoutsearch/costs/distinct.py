@@ -5,7 +5,7 @@ combinations; a formula of those alone (how a pipeline splits its layers, the ba
 the tensor-parallel groups) is worked out on one row of each and gathered back. The result
 is the same, bit for bit, as on every row: the formulas are element-wise.
 
-    layers, in_flight = per_distinct(stage_shapes, pp, vp, micro_batches)
+    first, middle, last = per_distinct(stage_split, num_layers, pp, vp)  # pipeline.py
 """
 
 from __future__ import annotations
