@@ -11,7 +11,7 @@ import pytest
 
 import layoutsearch
 from layoutsearch.catalog import cluster_names, clusters_by_gpu, load_cluster
-from layoutsearch.costs import analytic, build_cost_model
+from layoutsearch.costs import analytic, build_cost_model, distinct
 from layoutsearch.costs.base import PREDICTION_COLUMNS
 from layoutsearch.costs.constants import AnalyticConstants, load_constants
 from layoutsearch.costs.shapes import Shapes
@@ -254,10 +254,14 @@ def test_a_layout_priced_alone_gets_the_same_bits_as_in_a_whole_table() -> None:
                 whole[column].to_numpy()[i:i + 1].tobytes(), (i, column)
 
 
-def test_a_table_of_several_jobs_prices_each_row_as_its_own_job_does() -> None:
+@pytest.mark.parametrize("keyed_from_rows", [0, distinct.MIN_ROWS])
+def test_a_table_of_several_jobs_prices_each_row_as_its_own_job_does(
+        keyed_from_rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # One job's rows share their model, cluster and batch, which the model then holds as one
     # number each; a table that mixes jobs (a replay, a calibration) holds them per row.
-    # Every row must come out the same, bit for bit, either way.
+    # Every row must come out the same, bit for bit, either way, and whether the formulas
+    # of layout sizes are worked out per distinct size (big tables) or row by row.
+    monkeypatch.setattr(distinct, "MIN_ROWS", keyed_from_rows)
     jobs = [table(model="llama_13b", tp=[1, 2, 4], pp=[1, 2], recompute=["none", "full"]),
             table(model="llama_65b", cluster="h100_sxm", num_gpus=128, tp=[2, 8], pp=[4, 8],
                   vp=[1, 2]),

@@ -13,6 +13,12 @@ from layoutsearch.costs.shapes import _uniform
 from tests.costs.builders import table
 
 
+@pytest.fixture(autouse=True)
+def _small_tables_keyed_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests' tables are small; they look for combinations as big tables do."""
+    monkeypatch.setattr(distinct, "MIN_ROWS", 0)
+
+
 def _formula(tp: np.ndarray, pp: np.ndarray, scale: np.ndarray,
              ) -> tuple[np.ndarray, np.ndarray]:
     """An element-wise formula with a (3, rows) output and a per-row one."""
@@ -94,6 +100,23 @@ def test_per_distinct_of_rows_that_never_repeat_or_of_no_rows_calls_the_formula_
     empty = np.array([], dtype=float)
     assert per_distinct(counted, empty, empty, np.asarray(2.0))[0].shape == (3, 0)
     assert calls == [3, 0]
+
+
+def test_a_table_under_min_rows_is_worked_out_row_by_row(monkeypatch: pytest.MonkeyPatch,
+                                                         ) -> None:
+    monkeypatch.setattr(distinct, "MIN_ROWS", 100)
+    calls: list[int] = []
+
+    def counted(tp: np.ndarray, pp: np.ndarray, scale: np.ndarray,
+                ) -> tuple[np.ndarray, np.ndarray]:
+        calls.append(len(tp))
+        return _formula(tp, pp, scale)
+
+    for rows in (99, 100):
+        tp, pp = _columns(rows, seed=rows)
+        assert _same_bits(per_distinct(counted, tp, pp, np.asarray(2.0)),
+                          _formula(tp, pp, np.asarray(2.0)))
+    assert calls[0] == 99 and calls[1] == 12  # 4 tp x 3 pp among the 100 rows
 
 
 def test_whole_number_columns_whose_key_would_pass_int64_are_hashed() -> None:
