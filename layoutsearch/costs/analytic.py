@@ -29,7 +29,7 @@ from layoutsearch.costs.constants import (
     parse_constants,
 )
 from layoutsearch.costs.memory import GIB, memory_breakdown
-from layoutsearch.costs.shapes import Array, Shapes, total
+from layoutsearch.costs.shapes import Array, Shapes, by_gpu_kind, total
 from layoutsearch.costs.timing import time_breakdown
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.paths import option_files, option_mapping
@@ -106,10 +106,7 @@ class AnalyticCostModel:
             )
         out: dict[str, Array] = {}
         for field in AnalyticConstants.__dataclass_fields__:
-            lookup = np.array([getattr(self.constants[g], field) for g in kinds])
-            # One GPU kind (every search): one number, which numpy broadcasts over the rows
-            # alike; a column of a million copies costs a gather and a read per formula.
-            out[field] = lookup[0] if len(kinds) == 1 else lookup[codes]
+            out[field] = by_gpu_kind([getattr(self.constants[g], field) for g in kinds], codes)
         return out
 
     def score(

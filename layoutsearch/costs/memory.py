@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from layoutsearch.costs.links import gradient_ranks
 from layoutsearch.costs.shapes import Array, Shapes, at_stage, peak_stage
 
 GIB = 2.0**30
@@ -91,7 +92,7 @@ def memory_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     """
     P = sh.stage_params  # (3, rows)
     # The distributed optimizer shards over the data- and context-parallel ranks together.
-    shard = np.where(sh.distributed_optimizer, sh.dp * sh.cp, 1.0)
+    shard = np.where(sh.distributed_optimizer, gradient_ranks(sh.dp, sh.cp), 1.0)
     static = {
         "weights": WEIGHT_BYTES * P,
         "gradients": k["gradient_bytes"] * P,

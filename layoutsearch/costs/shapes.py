@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,6 +103,14 @@ def total(parts: Iterable[Array]) -> Array:
     the same for one row as for many (np.sum over the block sums a single row pairwise), so
     a layout priced alone, as a sampling driver prices it, gets the same bits as in a grid."""
     return functools.reduce(operator.add, parts)
+
+
+def by_gpu_kind(values: Sequence[float], codes: Array) -> Array:
+    """Per row, the value of its GPU kind (`values` in the order of `gpu_codes`' kinds). A
+    table of one kind (every search) gets one number, which numpy broadcasts over the rows
+    alike: a column of a million copies costs a gather and a read per formula."""
+    lookup = np.array(values)
+    return np.asarray(lookup[0]) if len(lookup) == 1 else lookup[codes]
 
 
 def gpu_codes(table: pd.DataFrame) -> tuple[Array, list[str]]:
@@ -245,15 +253,12 @@ class Shapes:
         if unknown:
             raise LayoutSearchError(unknown_name_message("gpu", sorted(unknown)[0], clusters))
 
-        def per_kind(values: list[float]) -> Array:
-            lookup = np.array(values)
-            return np.asarray(lookup[0]) if len(kinds) == 1 else lookup[codes]
-
         def per_gpu(attribute: str) -> Array:
-            return per_kind([float(getattr(clusters[k].gpu, attribute)) for k in kinds])
+            return by_gpu_kind([float(getattr(clusters[k].gpu, attribute)) for k in kinds],
+                               codes)
 
         def per_cluster(attribute: str) -> Array:
-            return per_kind([float(getattr(clusters[k], attribute)) for k in kinds])
+            return by_gpu_kind([float(getattr(clusters[k], attribute)) for k in kinds], codes)
 
         L = _job_floats(table, "num_layers")
         h = _job_floats(table, "hidden_size")
