@@ -625,7 +625,8 @@ def test_every_calibration_option_with_a_default_names_it_in_its_help():
 def test_tiled_shapes_repeat_each_row_and_keep_what_every_row_shares() -> None:
     sh = shapes(tp=[1, 2], pp=[1, 2])
     tiled = _tile(sh, 3)
-    np.testing.assert_array_equal(tiled.tp, np.tile(sh.tp, 3))
-    assert tiled.stage_layers.shape == (3, 3 * len(sh.tp))
-    assert np.ndim(tiled.hidden) == 0  # one model: one number, not repeated
+    np.testing.assert_array_equal(tiled.layer.tp, np.tile(sh.layer.tp, 3))
+    np.testing.assert_array_equal(tiled.pp, np.tile(sh.pp, 3))
+    assert tiled.stage_layers.shape == (3, 3 * len(sh.pp))
+    assert np.ndim(tiled.layer.hidden) == 0  # one model: one number, not repeated
     assert isinstance(tiled.gpu_kinds, list) and tiled.gpu_kinds == sh.gpu_kinds

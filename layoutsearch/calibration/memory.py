@@ -20,7 +20,6 @@ import dataclasses
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -51,18 +50,13 @@ class MemoryFit:
 
 def _tile(shapes: Shapes, times: int) -> Shapes:
     """The same rows `times` over: one block row per grid point."""
-    # Per-row arrays repeat along their last (row) axis; one number for every row (0-d)
-    # and the list of GPU kinds stay.
-    fields = {f.name: getattr(shapes, f.name) for f in dataclasses.fields(Shapes)}
-    tiled: dict[str, Any] = {name: np.tile(value, times) for name, value in fields.items()
-                             if isinstance(value, np.ndarray) and value.ndim}
-    return dataclasses.replace(shapes, **tiled)
+    return shapes.pick(np.tile(np.arange(len(shapes.gpu_codes)), times))
 
 
 def _slack_gib(shapes: Shapes, start: AnalyticConstants,
                points: Mapping[str, Array]) -> Array:
     """Device memory minus the predicted peak without overhead, GiB: (grid point, row)."""
-    n = len(shapes.tp)
+    n = len(shapes.gpu_codes)
     count = len(next(iter(points.values())))
     per_block = max(1, ROWS_PER_BLOCK // max(n, 1))
     out = np.empty((count, n))

@@ -131,7 +131,7 @@ class AnalyticCostModel:
         memory = memory_breakdown(shapes, constants)
         step = total(times.values())
         peak_bytes = total(memory.values())
-        tokens_per_step = shapes.global_batch * shapes.seq
+        tokens_per_step = shapes.global_batch * shapes.layer.seq
         mfu = shapes.mfu(step)
         fits = peak_bytes <= shapes.memory_bytes
         out = {

@@ -87,10 +87,16 @@ def _by_hashing(columns: tuple[Array, ...]) -> tuple[list[Array], Array]:
         key = key * len(uniques) + codes
         radix *= len(uniques)
     inverse, keys = pd.factorize(key)
-    representative = np.empty(len(keys), dtype=np.intp)
-    # Any row of a combination will do: they all hold the same inputs.
-    representative[inverse] = np.arange(len(inverse))
-    return [column[representative] for column in columns], inverse
+    first = _first_rows(inverse, len(keys))
+    return [column[first] for column in columns], inverse
+
+
+def _first_rows(inverse: Array, count: int) -> Array:
+    """A row of each of the `count` combinations that `inverse` indexes: any row of one will
+    do, as they all hold the same values."""
+    first = np.empty(count, dtype=np.intp)
+    first[inverse] = np.arange(len(inverse))
+    return first
 
 
 def distinct_rows(columns: tuple[Array, ...]) -> tuple[list[Array], Array]:
@@ -103,6 +109,19 @@ def distinct_rows(columns: tuple[Array, ...]) -> tuple[list[Array], Array]:
         if math.prod(bases) < KEY_LIMIT:
             return _by_values(columns, whole, bases)
     return _by_hashing(columns)
+
+
+def groups(columns: list[Array]) -> tuple[Array, Array] | None:
+    """A row of each distinct combination of the per-row `columns` (1-d, one length) and,
+    per row, the index of its combination among them; None where there are no columns,
+    fewer than MIN_ROWS rows, or nothing repeats (gathering would only copy)."""
+    if not columns or len(columns[0]) < max(MIN_ROWS, 1):
+        return None
+    inverse = distinct_rows(tuple(columns))[1]
+    count = int(inverse.max()) + 1
+    if count == len(inverse):
+        return None
+    return _first_rows(inverse, count), inverse
 
 
 def per_distinct(formula: Callable[..., tuple[Array, ...]], *inputs: Array,

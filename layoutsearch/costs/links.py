@@ -5,11 +5,12 @@ Which links a group runs over follows from the ranks' placement alone: Megatron-
 ranks tp fastest, then cp, dp and pp, and fills nodes of gpus_per_node consecutive ranks. A
 group stays on NVLink where its ranks share a node; across nodes NCCL runs one ring per
 NIC, so a group with r ranks on each node moves its inter-node traffic over r NICs at once.
-A million-row table holds a few hundred distinct (tp, cp, dp) sizes: each is worked out
-once (`distinct.per_distinct`).
+The links inside a layer (tensor-parallel collectives, the context-parallel ring) are
+worked out per layer shape; the gradient reduction once per distinct (tp, cp, dp) sizes, a
+few hundred in a million-row table (`distinct.per_distinct`).
 
-    bandwidths = link_bandwidths(shapes, constants)
-    bandwidths.tensor_parallel   # bytes/s of the tp group's all-reduces, per row
+    layer_links(shapes.layer, constants).tensor_parallel  # bytes/s of the tp all-reduces
+    step_links(shapes, constants).gradient                # bytes/s of the gradient reduction
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from layoutsearch.costs.distinct import per_distinct
-from layoutsearch.costs.shapes import Array, Shapes
+from layoutsearch.costs.shapes import Array, LayerShape, Shapes
 
 
 class Fabric(NamedTuple):
@@ -37,25 +38,53 @@ class Fabric(NamedTuple):
     nvlink_efficiency: Array
     network_efficiency: Array
 
+    @classmethod
+    def of(cls, layer: LayerShape, k: Mapping[str, Array]) -> Fabric:
+        return cls(layer.gpus_per_node, layer.num_gpus, layer.intra_node_bandwidth,
+                   layer.inter_node_bandwidth, k["nvlink_efficiency"], k["network_efficiency"])
+
 
 @dataclass(frozen=True, slots=True)
-class LinkBandwidths:
-    """Bytes/s per row of each transfer a layout makes."""
+class LayerLinks:
+    """Bytes/s per row of the transfers inside one layer."""
 
     tensor_parallel: Array
     """Bus bandwidth of the tp ranks' collectives (adjacent ranks)."""
-    gradient: Array
-    """Bus bandwidth of the gradient reduction over the dp·cp ranks, tp apart."""
     context_ring: Array
     """A context-parallel ring hop: one send to the next of the cp ranks, tp apart."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepLinks:
+    """Bytes/s per row of the transfers between layers and between steps."""
+
+    gradient: Array
+    """Bus bandwidth of the gradient reduction over the dp·cp ranks, tp apart."""
     pipeline_hop: Array
     """A send between neighbouring pipeline stages."""
 
 
-def link_bandwidths(sh: Shapes, k: Mapping[str, Array]) -> LinkBandwidths:
-    fabric = Fabric(sh.gpus_per_node, sh.num_gpus, sh.intra_node_bandwidth,
-                    sh.inter_node_bandwidth, k["nvlink_efficiency"], k["network_efficiency"])
-    return LinkBandwidths(*per_distinct(_bandwidths, sh.tp, sh.dp, sh.cp, *fabric))
+def layer_links(layer: LayerShape, k: Mapping[str, Array]) -> LayerLinks:
+    fabric = Fabric.of(layer, k)
+    one = np.ones_like(layer.tp)
+    # Context parallelism passes K and V around a ring of point-to-point sends (Transformer
+    # Engine's AttnFuncWithCPAndKVP2P: send_dst = cp_global_ranks[(rank + 1) % cp_size]):
+    # where the ring leaves a node, that hop runs over the sending GPU's one NIC however
+    # many CP ranks share the node, and it paces every step.
+    ring = link_bandwidth(fabric, stays_in_node(layer.cp, layer.tp, fabric.gpus_per_node,
+                                                fabric.num_gpus), one)
+    return LayerLinks(bus_bandwidth(fabric, layer.tp, one), ring)
+
+
+def step_links(sh: Shapes, k: Mapping[str, Array]) -> StepLinks:
+    fabric = Fabric.of(sh.layer, k)
+    # A pipeline over more than one node has a hop across a node boundary (stages are
+    # blocks of tp·cp·dp consecutive ranks), which paces it: one rank each side, one NIC.
+    hop = link_bandwidth(fabric, fabric.num_gpus <= fabric.gpus_per_node,
+                         np.ones_like(fabric.num_gpus))
+    # A few hundred distinct (tp, dp, cp) sizes among a million rows.
+    gradient, = per_distinct(_gradient_bandwidth, sh.layer.tp, sh.dp, sh.layer.cp, *fabric)
+    return StepLinks(gradient, hop)
 
 
 def gradient_ranks(dp: Array, cp: Array) -> Array:
@@ -64,22 +93,9 @@ def gradient_ranks(dp: Array, cp: Array) -> Array:
     return dp * cp
 
 
-def _bandwidths(tp: Array, dp: Array, cp: Array, *fabric_columns: Array,
-                ) -> tuple[Array, Array, Array, Array]:
-    """`LinkBandwidths` of each row, in its field order."""
-    fabric = Fabric(*fabric_columns)
-    one = np.ones_like(tp)
-    gradient = bus_bandwidth(fabric, gradient_ranks(dp, cp), tp)
-    # Context parallelism passes K and V around a ring of point-to-point sends (Transformer
-    # Engine's AttnFuncWithCPAndKVP2P: send_dst = cp_global_ranks[(rank + 1) % cp_size]):
-    # where the ring leaves a node, that hop runs over the sending GPU's one NIC however
-    # many CP ranks share the node, and it paces every step.
-    ring = link_bandwidth(fabric, stays_in_node(cp, tp, fabric.gpus_per_node,
-                                                fabric.num_gpus), one)
-    # A pipeline over more than one node has a hop across a node boundary (stages are
-    # blocks of tp·cp·dp consecutive ranks), which paces it: one rank each side, one NIC.
-    hop = link_bandwidth(fabric, fabric.num_gpus <= fabric.gpus_per_node, one)
-    return bus_bandwidth(fabric, tp, one), gradient, ring, hop
+def _gradient_bandwidth(tp: Array, dp: Array, cp: Array, *fabric_columns: Array,
+                        ) -> tuple[Array]:
+    return bus_bandwidth(Fabric(*fabric_columns), gradient_ranks(dp, cp), tp),
 
 
 def link_bandwidth(fabric: Fabric, inside_nodes: Array, ranks_per_node: Array) -> Array:

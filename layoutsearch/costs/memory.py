@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from layoutsearch.costs.links import gradient_ranks
-from layoutsearch.costs.shapes import Array, Shapes, at_stage, peak_stage
+from layoutsearch.costs.shapes import Array, LayerShape, Shapes, at_stage, peak_stage
 
 GIB = 2.0**30
 
@@ -40,7 +40,7 @@ OPTIMIZER_BYTES = 12.0
 WEIGHT_BYTES = 2.0
 
 
-def activation_bytes_per_layer(sh: Shapes) -> tuple[Array, Array, Array]:
+def activation_bytes_per_layer(layer: LayerShape) -> tuple[Array, Array, Array]:
     """Bytes of one layer for one micro-batch: (kept for backward, rebuilt during its
     backward, its input).
 
@@ -50,37 +50,46 @@ def activation_bytes_per_layer(sh: Shapes) -> tuple[Array, Array, Array]:
     Token-wise tensors of width h are replicated on every TP rank unless sequence
     parallelism splits them (Korthikanti §4.2.2); head- and ffn-sharded tensors divide by tp.
     """
-    T, h, f, t = sh.tokens, sh.hidden, sh.ffn, sh.tp
-    replicated = np.where(sh.sequence_parallel, 1.0 / t, 1.0)
+    T, h, f, t = layer.tokens, layer.hidden, layer.ffn, layer.tp
+    replicated = np.where(layer.sequence_parallel, 1.0 / t, 1.0)
     width_h = 2.0 * T * h * replicated  # one bf16 token-wise tensor of width h
-    norm_bytes = np.where(sh.fused_norm, NORM_BYTES_FUSED, NORM_BYTES_UNFUSED)
+    norm_bytes = np.where(layer.fused_norm, NORM_BYTES_FUSED, NORM_BYTES_UNFUSED)
     norms = 2 * norm_bytes * T * h * replicated  # two norms per block
     linear_inputs = 2 * width_h  # QKV and FC1 keep the norms' outputs
-    qkv = 2.0 * T * (h + 2 * sh.kv_width) / t  # q, k, v for the attention backward
+    qkv = 2.0 * T * (h + 2 * layer.kv_width) / t  # q, k, v for the attention backward
     context = 2.0 * T * h / t  # attention output, input of the output projection
-    scores = sh.per_attention(SCORE_BYTES) * T * sh.seq * sh.heads / t
+    scores = layer.per_attention(SCORE_BYTES) * T * layer.seq * layer.heads / t
     # SwiGLU keeps gate and up (4 bytes per ffn element) and their product for FC2 (2);
     # a GELU MLP keeps its input and output (2 + 2).
-    mlp = np.where(sh.swiglu, 6.0, 4.0) * T * f / t
+    mlp = np.where(layer.swiglu, 6.0, 4.0) * T * f / t
     # Selective recomputes softmax(QK^T)V. Under mlp recompute the MLP's checkpoint keeps
     # its input: with the local layers the pre-MLP norm's output (FC1's input, still kept);
     # with Transformer Engine's the norm is inside FC1 (TELayerNormColumnParallelLinear,
     # pre_mlp_layernorm=IdentityOp in gpt_layer_specs.py), so the checkpoint keeps the
     # residual stream, already kept as the norm's input, and FC1's input is recomputed.
     # What a checkpoint drops comes back one layer at a time (CheckpointFunction.backward).
-    fc1_input = np.where(sh.transformer_engine, width_h, 0.0)
+    fc1_input = np.where(layer.transformer_engine, width_h, 0.0)
     whole = norms + linear_inputs + qkv + context + scores + mlp
     # Full recomputation reruns the layer from its checkpointed input, which the rerun
     # forward receives detached, not copied (CheckpointFunction.backward, detach_variable):
     # a fused norm keeps that very bf16 tensor as its input, so it is stored once, as the
     # checkpoint. PyTorch's RMSNorm keeps an fp32 upcast instead, which is rebuilt.
-    checkpoint_reused = np.where(sh.fused_norm, width_h, 0.0)
-    full = sh.is_recompute("full")
+    checkpoint_reused = np.where(layer.fused_norm, width_h, 0.0)
+    full = layer.is_recompute("full")
     rebuilt = np.select(
-        [sh.is_recompute("selective"), sh.is_recompute("mlp"), full],
+        [layer.is_recompute("selective"), layer.is_recompute("mlp"), full],
         [scores, mlp + fc1_input, whole - checkpoint_reused], default=0.0)
     kept = np.where(full, whole, whole - rebuilt)
     return kept, rebuilt, width_h
+
+
+def layer_activation_bytes(layer: LayerShape) -> dict[str, Array]:
+    """Bytes of one layer for one micro-batch: `stored` while other layers run (its input
+    under full recomputation, else what it keeps for the backward) and `rebuilt` during its
+    own backward (`activation_bytes_per_layer`)."""
+    kept, rebuilt, layer_input = activation_bytes_per_layer(layer)
+    return {"stored": np.where(layer.is_recompute("full"), layer_input, kept),
+            "rebuilt": rebuilt}
 
 
 def memory_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
@@ -92,19 +101,19 @@ def memory_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     """
     P = sh.stage_params  # (3, rows)
     # The distributed optimizer shards over the data- and context-parallel ranks together.
-    shard = np.where(sh.distributed_optimizer, gradient_ranks(sh.dp, sh.cp), 1.0)
+    shard = np.where(sh.distributed_optimizer, gradient_ranks(sh.dp, sh.layer.cp), 1.0)
     static = {
         "weights": WEIGHT_BYTES * P,
         "gradients": k["gradient_bytes"] * P,
         "optimizer": OPTIMIZER_BYTES * P / shard,
     }
 
-    kept, rebuilt, layer_input = (
-        part * k["activation_memory_factor"] for part in activation_bytes_per_layer(sh))
-    full = sh.is_recompute("full")
-    # The tensors counted above are a floor: unfused kernels keep extra copies and the
-    # caching allocator fragments (calibrated `activation_memory_factor`).
-    stored_per_layer = np.where(full, layer_input, kept)
+    # Worked out once per distinct layer shape. The tensors counted there are a floor:
+    # unfused kernels keep extra copies and the caching allocator fragments (calibrated
+    # `activation_memory_factor`).
+    layer = sh.per_layer(layer_activation_bytes)
+    stored_per_layer = layer["stored"] * k["activation_memory_factor"]
+    rebuilt = layer["rebuilt"] * k["activation_memory_factor"]
     # What recomputation drops comes back for one layer during its backward, on top of
     # what every layer of every micro-batch in flight stores: with full recomputation the
     # layer's working set beside its checkpoint, with selective its attention scores, with
@@ -116,8 +125,8 @@ def memory_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     # coexist (`logit_bytes` per value). Megatron's vocabulary-parallel cross entropy keeps
     # 1/tp of the vocabulary per rank; a loss over gathered logits (`logits_sharded_by_tp`
     # = 0) keeps all of it.
-    vocab_share = np.where(k["logits_sharded_by_tp"] > 0, 1.0 / sh.tp, 1.0)
-    last_stage_logits = k["logit_bytes"] * sh.tokens * sh.vocab * vocab_share
+    vocab_share = np.where(k["logits_sharded_by_tp"] > 0, 1.0 / sh.layer.tp, 1.0)
+    last_stage_logits = k["logit_bytes"] * sh.layer.tokens * sh.layer.vocab * vocab_share
     totals = sum(static.values()) + activations
     totals[2] += last_stage_logits
     peak = peak_stage(totals)

@@ -4,25 +4,28 @@
 (one entry per row) plus derived sizes: tokens per micro-batch, micro-batches per step,
 layers per stage and parameters per GPU. Formulas in `memory.py` and `timing.py` read only
 these arrays, so each formula is written once and scores every row in one call. What every
-row shares (a search's model, cluster and batch) is held as one number, and the pipeline's
-shapes are worked out once per distinct layout size (`distinct.per_distinct`): a million
-rows are scored at over a million a second on two cores (benchmarks/speed.py).
+row shares (a search's model, cluster and batch) is held as one number; the pipeline's
+shapes are worked out once per distinct layout size (`distinct.per_distinct`), and one
+layer's figures once per distinct `LayerShape` (`Shapes.per_layer`): a million rows hold a
+few thousand of each.
 
     shapes = Shapes.of(table, clusters)
     shapes.params_per_gpu  # parameters held by the most loaded pipeline stage, per GPU
+    shapes.layer.tokens    # tokens of one micro-batch on one GPU
 """
 
 from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from layoutsearch.costs.distinct import per_distinct
+from layoutsearch.costs.distinct import groups, per_distinct
 from layoutsearch.errors import LayoutSearchError, unknown_name_message
 from layoutsearch.layout import (
     ATTENTION_KERNELS,
@@ -172,13 +175,20 @@ def _layout_shapes(num_layers: Array, hidden: Array, vocab: Array, untied: Array
 
 
 @dataclass(frozen=True, slots=True)
-class Shapes:
-    """Per-row arrays of a candidate table (all float64 unless named as flags). A field of
-    the model, the cluster or the job is one number (a 0-d array) where every row has the
-    same one, as in a search; numpy broadcasts it over the rows alike."""
+class LayerShape:
+    """What one transformer layer's cost for one micro-batch on one GPU depends on: the
+    model's widths, the layout's tensor and context parallelism, micro-batch and kernels,
+    and the GPU with the links its collectives run over. Per-row arrays (all float64 unless
+    named as flags or indices), or one number for every row.
+
+    Not the pipeline: how the layers split into stages, the micro-batches of a step and the
+    gradients' reduction are `Shapes`' own fields. A million candidate rows hold a few
+    thousand distinct layer shapes, so the layer's formulas (`timing.layer_seconds`,
+    `memory.layer_activation_bytes`) are worked out once per distinct one
+    (`Shapes.per_layer`): every field here is part of its key.
+    """
 
     # model
-    num_layers: Array
     hidden: Array
     ffn: Array
     heads: Array
@@ -188,27 +198,11 @@ class Shapes:
     """Vocabulary rows as Megatron pads them (a multiple of VOCAB_DIVISIBLE_BY · tp)."""
     seq: Array
     swiglu: Array  # flags
-    untied: Array  # flags
-    params_per_layer: Array
-    num_parameters: Array
-    # job and cluster
-    num_gpus: Array
-    gpus_per_node: Array
-    global_batch: Array
-    peak_flops: Array
-    """Dense bf16 peak, FLOP/s."""
-    memory_bytes: Array
-    memory_bandwidth: Array
-    """HBM bytes/s."""
-    intra_node_bandwidth: Array
-    inter_node_bandwidth: Array
     # layout
+    tokens: Array
+    """Tokens of one micro-batch on one GPU: micro_batch · seq / cp."""
     tp: Array
-    pp: Array
-    dp: Array
     cp: Array
-    vp: Array
-    micro_batch: Array
     sequence_parallel: Array  # flags, False where tp = 1 (a no-op there)
     fused_norm: Array
     """Flags: each norm runs as one kernel. RMSNorm only with the study's RMSNorm kernel;
@@ -217,15 +211,74 @@ class Shapes:
     transformer_engine: Array
     """Flags: the emitted command runs Transformer Engine's layers, each norm fused into
     the linear after it (layout.uses_transformer_engine)."""
-    distributed_optimizer: Array  # flags
-    overlap_grad_reduce: Array  # flags
     attention: Array
     """Index into layout.ATTENTION_KERNELS."""
     recompute: Array
     """Index into layout.RECOMPUTE_KINDS."""
+    # GPU and cluster
+    peak_flops: Array
+    """Dense bf16 peak, FLOP/s."""
+    memory_bandwidth: Array
+    """HBM bytes/s."""
+    gpus_per_node: Array
+    num_gpus: Array
+    intra_node_bandwidth: Array
+    inter_node_bandwidth: Array
+
+    def pick(self, rows: Array) -> LayerShape:
+        """The rows at the indices `rows`; one number for every row stays as it is."""
+        return LayerShape(*(_pick(getattr(self, name), rows) for name in LAYER_FIELDS))
+
+    def per_attention(self, values: Mapping[str, float]) -> Array:
+        """A number per row looked up by its attention kernel (e.g. bytes per score)."""
+        return np.array([values[k] for k in ATTENTION_KERNELS])[self.attention]
+
+    def is_attention(self, *kernels: str) -> Array:
+        return _named(self.attention, ATTENTION_KERNELS, kernels)
+
+    def is_recompute(self, *kinds: str) -> Array:
+        return _named(self.recompute, RECOMPUTE_KINDS, kinds)
+
+    def per_recompute(self, values: Mapping[str, float]) -> Array:
+        """A number per row looked up by its recompute kind, 0 for a kind not in `values`
+        (one gather: np.select over the kinds' masks is ~8x slower)."""
+        lookup = np.array([values.get(kind, 0.0) for kind in RECOMPUTE_KINDS] + [0.0])
+        return lookup[self.recompute]  # -1, a kind outside RECOMPUTE_KINDS, reads the 0
+
+
+LAYER_FIELDS = tuple(field.name for field in fields(LayerShape))
+
+
+def _pick(values: Array, rows: Array) -> Array:
+    """The entries of a per-row array (rows along its last axis) at the indices `rows`; one
+    number for every row (0-d) as it is."""
+    return np.take(values, rows, axis=-1) if np.ndim(values) else values
+
+
+@dataclass(frozen=True, slots=True)
+class Shapes:
+    """Per-row arrays of a candidate table (all float64 unless named as flags): one layer's
+    shape (`layer`) and how the layout splits the model and the step. A field of the model,
+    the cluster or the job is one number (a 0-d array) where every row has the same one, as
+    in a search; numpy broadcasts it over the rows alike."""
+
+    layer: LayerShape
+    # model
+    num_layers: Array
+    untied: Array  # flags
+    params_per_layer: Array
+    num_parameters: Array
+    # job and cluster
+    global_batch: Array
+    memory_bytes: Array
+    # layout
+    pp: Array
+    dp: Array
+    vp: Array
+    micro_batch: Array
+    distributed_optimizer: Array  # flags
+    overlap_grad_reduce: Array  # flags
     # derived
-    tokens: Array
-    """Tokens of one micro-batch on one GPU: micro_batch · seq / cp."""
     micro_batches: Array
     """Micro-batches per pipeline per optimizer step."""
     stage_layers: Array
@@ -245,6 +298,9 @@ class Shapes:
     """Per row, an index into `gpu_kinds`."""
     gpu_kinds: list[str]
     """The GPU kinds of the table (one lookup per kind, not per row)."""
+    layer_groups: tuple[Array, Array] | None
+    """A row of each distinct `layer` and, per row, the index of its own among them
+    (`distinct.groups`); None where the table is small or no layer shape repeats."""
 
     @classmethod
     def of(cls, table: pd.DataFrame, clusters: Mapping[str, ClusterSpec]) -> Shapes:
@@ -283,30 +339,32 @@ class Shapes:
         padded_vocab, micro_batches, stage_layers, stage_in_flight, stage_params, \
             params_per_gpu = per_distinct(_layout_shapes, L, h, V, untied, per_layer,
                                           global_batch, tp, pp, dp, vp, mb)
-        return cls(
-            num_layers=L, hidden=h, ffn=f, heads=a, kv_width=kv, vocab=padded_vocab, seq=seq,
-            swiglu=swiglu, untied=untied, params_per_layer=per_layer,
-            num_parameters=num_parameters,
-            num_gpus=_job_floats(table, "num_gpus"),
-            gpus_per_node=_job_floats(table, "gpus_per_node"),
-            global_batch=global_batch,
-            peak_flops=per_gpu("peak_tflops") * 1e12,
-            memory_bytes=per_gpu("memory_gib") * 2.0**30,
-            memory_bandwidth=per_gpu("memory_bandwidth_gbps") * 1e9,
-            intra_node_bandwidth=per_cluster("intra_node_bandwidth_gbps") * 1e9,
-            inter_node_bandwidth=per_cluster("inter_node_bandwidth_gbps") * 1e9,
-            tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, micro_batch=mb,
+        layer = LayerShape(
+            hidden=h, ffn=f, heads=a, kv_width=kv, vocab=padded_vocab, seq=seq, swiglu=swiglu,
+            tokens=mb * seq / cp, tp=tp, cp=cp,
             sequence_parallel=_flags(table, "sequence_parallel") & (tp > 1),
             fused_norm=_flags(table, "rmsnorm_kernel") | (table["normalization"] != "RMSNorm")
             .to_numpy(),
             transformer_engine=uses_transformer_engine(
                 table["attention"].isin(FLASH_ATTENTION).to_numpy(),
                 _flags(table, "rmsnorm_kernel"), _flags(table, "sequence_parallel"), tp),
-            distributed_optimizer=_flags(table, "distributed_optimizer"),
-            overlap_grad_reduce=_flags(table, "overlap_grad_reduce"),
             attention=_codes(table, "attention", ATTENTION_KERNELS),
             recompute=_codes(table, "recompute", RECOMPUTE_KINDS),
-            tokens=mb * seq / cp,
+            peak_flops=per_gpu("peak_tflops") * 1e12,
+            memory_bandwidth=per_gpu("memory_bandwidth_gbps") * 1e9,
+            gpus_per_node=_job_floats(table, "gpus_per_node"),
+            num_gpus=_job_floats(table, "num_gpus"),
+            intra_node_bandwidth=per_cluster("intra_node_bandwidth_gbps") * 1e9,
+            inter_node_bandwidth=per_cluster("inter_node_bandwidth_gbps") * 1e9,
+        )
+        return cls(
+            layer=layer, num_layers=L, untied=untied, params_per_layer=per_layer,
+            num_parameters=num_parameters,
+            global_batch=global_batch,
+            memory_bytes=per_gpu("memory_gib") * 2.0**30,
+            pp=pp, dp=dp, vp=vp, micro_batch=mb,
+            distributed_optimizer=_flags(table, "distributed_optimizer"),
+            overlap_grad_reduce=_flags(table, "overlap_grad_reduce"),
             micro_batches=micro_batches,
             stage_layers=stage_layers,
             stage_in_flight=stage_in_flight,
@@ -314,28 +372,42 @@ class Shapes:
             params_per_gpu=params_per_gpu,
             gpu_codes=codes,
             gpu_kinds=kinds,
+            layer_groups=_layer_groups(layer),
         )
+
+    def pick(self, rows: Array) -> Shapes:
+        """The rows at the indices `rows` (e.g. every row several times over); one number for
+        every row stays as it is."""
+        picked: dict[str, Any] = {
+            field.name: _pick(getattr(self, field.name), rows) for field in fields(self)
+            if isinstance(getattr(self, field.name), np.ndarray)}
+        layer = self.layer.pick(rows)
+        return replace(self, **picked, layer=layer, layer_groups=_layer_groups(layer))
+
+    def per_layer(self, formula: Callable[..., dict[str, Array]],
+                  *constants: Mapping[str, Array]) -> dict[str, Array]:
+        """`formula(self.layer, *constants)`: figures of one layer, each an array per row
+        (or one number), worked out on one row of each distinct layer shape and gathered
+        back to every row, the same bit for bit as on every row (the formulas are
+        element-wise). Constants that differ by row are not part of the layer's key: with
+        any, the formula is worked out row by row."""
+        per_row_constants = any(np.ndim(value) for c in constants for value in c.values())
+        if self.layer_groups is None or per_row_constants:
+            return formula(self.layer, *constants)
+        first, inverse = self.layer_groups
+        return {name: _pick(value, inverse)
+                for name, value in formula(self.layer.pick(first), *constants).items()}
 
     def mfu(self, step_time_s: Array) -> Array:
         """The study's MFU of a step of `step_time_s` seconds (Hagemann et al. 2023, after
         PaLM): tokens/s x (6N + 12·L·h·s) FLOPs per token over the GPUs' dense peak."""
+        layer = self.layer
         flops_per_token = paper_flops_per_token(self.num_parameters, self.num_layers,
-                                                self.hidden, self.seq)
-        tokens_per_step = self.global_batch * self.seq
-        return tokens_per_step * flops_per_token / (step_time_s * self.num_gpus * self.peak_flops)
+                                                layer.hidden, layer.seq)
+        tokens_per_step = self.global_batch * layer.seq
+        return tokens_per_step * flops_per_token / (
+            step_time_s * layer.num_gpus * layer.peak_flops)
 
-    def per_attention(self, values: Mapping[str, float]) -> Array:
-        """A number per row looked up by its attention kernel (e.g. bytes per score)."""
-        return np.array([values[k] for k in ATTENTION_KERNELS])[self.attention]
 
-    def is_attention(self, *kernels: str) -> Array:
-        return _named(self.attention, ATTENTION_KERNELS, kernels)
-
-    def is_recompute(self, *kinds: str) -> Array:
-        return _named(self.recompute, RECOMPUTE_KINDS, kinds)
-
-    def per_recompute(self, values: Mapping[str, float]) -> Array:
-        """A number per row looked up by its recompute kind, 0 for a kind not in `values`
-        (one gather: np.select over the kinds' masks is ~8x slower)."""
-        lookup = np.array([values.get(kind, 0.0) for kind in RECOMPUTE_KINDS] + [0.0])
-        return lookup[self.recompute]  # -1, a kind outside RECOMPUTE_KINDS, reads the 0
+def _layer_groups(layer: LayerShape) -> tuple[Array, Array] | None:
+    return groups([v for name in LAYER_FIELDS if np.ndim(v := getattr(layer, name))])

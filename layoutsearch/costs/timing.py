@@ -16,7 +16,8 @@ per kernel below. Left out: the embedding lookup, RoPE tables and attention-mask
 Each component has its own function: `layer_compute` (GEMMs, attention, element-wise
 kernels), `recompute_s`, `tensor_parallel_s`, `kernel_launches`, `context_parallel_exposed_s`,
 `logits_s`, `pipeline_p2p_s`, `slowest_stage`, `bubble_s`, `data_parallel_exposed_s` and
-`optimizer_step_s`; `time_breakdown` puts them together into a step.
+`optimizer_step_s`. `layer_seconds` puts a layer's together, worked out once per distinct
+layer shape (`Shapes.per_layer`), and `time_breakdown` a step's.
 """
 
 from __future__ import annotations
@@ -26,8 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from layoutsearch.costs.links import LinkBandwidths, gradient_ranks, link_bandwidths
-from layoutsearch.costs.shapes import Array, Shapes, at_stage, peak_stage
+from layoutsearch.costs.links import (
+    LayerLinks,
+    StepLinks,
+    gradient_ranks,
+    layer_links,
+    step_links,
+)
+from layoutsearch.costs.shapes import Array, LayerShape, Shapes, at_stage, peak_stage
 from layoutsearch.layout import FLASH_ATTENTION
 
 # Element-wise traffic per token and layer, forward pass, in bytes per unit of width. The
@@ -77,9 +84,9 @@ FLASH_BACKWARD_FLOPS = 2.5
 OPTIMIZER_STATE_TRAFFIC = 26.0
 
 
-def _memory_rate(sh: Shapes, k: Mapping[str, Array]) -> Array:
+def _memory_rate(layer: LayerShape, k: Mapping[str, Array]) -> Array:
     """Bytes/s that the memory-bound kernels reach."""
-    return sh.memory_bandwidth * k["memory_bandwidth_efficiency"]
+    return layer.memory_bandwidth * k["memory_bandwidth_efficiency"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,32 +123,32 @@ class LayerCompute:
                 + self.elementwise_fwd_s)
 
 
-def gemm_fwd_s(sh: Shapes, k: Mapping[str, Array]) -> tuple[Array, Array]:
+def gemm_fwd_s(layer: LayerShape, k: Mapping[str, Array]) -> tuple[Array, Array]:
     """Forward seconds of one layer's GEMMs for one micro-batch: the attention block's (QKV
     and output projection) and the MLP's."""
-    T, h, f, t = sh.tokens, sh.hidden, sh.ffn, sh.tp
-    mlp_matrices = np.where(sh.swiglu, 3.0, 2.0)
-    attn_gemm_flops = 2 * T * (2 * h * h + 2 * h * sh.kv_width) / t
+    T, h, f, t = layer.tokens, layer.hidden, layer.ffn, layer.tp
+    mlp_matrices = np.where(layer.swiglu, 3.0, 2.0)
+    attn_gemm_flops = 2 * T * (2 * h * h + 2 * h * layer.kv_width) / t
     mlp_gemm_flops = 2 * T * mlp_matrices * h * f / t
-    gemm_rate = sh.peak_flops * k["gemm_efficiency"]
+    gemm_rate = layer.peak_flops * k["gemm_efficiency"]
     return attn_gemm_flops / gemm_rate, mlp_gemm_flops / gemm_rate
 
 
-def attention_core_s(sh: Shapes, k: Mapping[str, Array]) -> tuple[Array, Array]:
+def attention_core_s(layer: LayerShape, k: Mapping[str, Array]) -> tuple[Array, Array]:
     """Seconds of one layer's QK^T, softmax and AV for one micro-batch: forward + backward,
     and the forward alone."""
-    T, h, t, s = sh.tokens, sh.hidden, sh.tp, sh.seq
-    bandwidth = _memory_rate(sh, k)
+    T, h, t, s = layer.tokens, layer.hidden, layer.tp, layer.seq
+    bandwidth = _memory_rate(layer, k)
     # QK^T and AV: 4·T·s·h FLOPs per layer; FlashAttention skips the masked causal half.
-    flash = sh.is_attention(*FLASH_ATTENTION)
+    flash = layer.is_attention(*FLASH_ATTENTION)
     score_flops = 4 * T * s * h / t * np.where(flash, 0.5, 1.0)
     attention_efficiency = np.select(
-        [sh.is_attention(kernel) for kernel in FLASH_ATTENTION],
+        [layer.is_attention(kernel) for kernel in FLASH_ATTENTION],
         [k[f"{kernel}_efficiency"] for kernel in FLASH_ATTENTION],
         default=k["gemm_efficiency"],  # torch and fused run QK^T and AV as batched GEMMs
     )
-    attention_rate = sh.peak_flops * attention_efficiency
-    score_traffic = sh.per_attention(SCORE_TRAFFIC) * T * s * sh.heads / t  # fwd + bwd
+    attention_rate = layer.peak_flops * attention_efficiency
+    score_traffic = layer.per_attention(SCORE_TRAFFIC) * T * s * layer.heads / t  # fwd + bwd
     attention_passes = np.where(flash, 1.0 + FLASH_BACKWARD_FLOPS, FORWARD_AND_BACKWARD)
     attention_s = attention_passes * score_flops / attention_rate + score_traffic / bandwidth
     attention_fwd_s = (score_flops / attention_rate
@@ -149,50 +156,51 @@ def attention_core_s(sh: Shapes, k: Mapping[str, Array]) -> tuple[Array, Array]:
     return attention_s, attention_fwd_s
 
 
-def elementwise_fwd_s(sh: Shapes, k: Mapping[str, Array]) -> tuple[Array, Array]:
+def elementwise_fwd_s(layer: LayerShape, k: Mapping[str, Array]) -> tuple[Array, Array]:
     """Forward seconds of one layer's memory-bound element-wise kernels for one micro-batch:
     all of them, and the MLP activation's share."""
-    T, h, f, t = sh.tokens, sh.hidden, sh.ffn, sh.tp
-    bandwidth = _memory_rate(sh, k)
-    replicated = np.where(sh.sequence_parallel, 1.0 / t, 1.0)
-    norm_traffic = np.where(sh.fused_norm, NORM_TRAFFIC_FUSED, NORM_TRAFFIC_UNFUSED)
+    T, h, f, t = layer.tokens, layer.hidden, layer.ffn, layer.tp
+    bandwidth = _memory_rate(layer, k)
+    replicated = np.where(layer.sequence_parallel, 1.0 / t, 1.0)
+    norm_traffic = np.where(layer.fused_norm, NORM_TRAFFIC_FUSED, NORM_TRAFFIC_UNFUSED)
     token_traffic = (2 * norm_traffic + RESIDUAL_TRAFFIC) * T * h * replicated
-    mlp_traffic = np.where(sh.swiglu, SWIGLU_TRAFFIC, GELU_TRAFFIC) * T * f / t
-    rope_traffic = ROPE_TRAFFIC * T * (h + sh.kv_width) / t
+    mlp_traffic = np.where(layer.swiglu, SWIGLU_TRAFFIC, GELU_TRAFFIC) * T * f / t
+    rope_traffic = ROPE_TRAFFIC * T * (h + layer.kv_width) / t
     return (token_traffic + mlp_traffic + rope_traffic) / bandwidth, mlp_traffic / bandwidth
 
 
-def layer_compute(sh: Shapes, k: Mapping[str, Array]) -> LayerCompute:
+def layer_compute(layer: LayerShape, k: Mapping[str, Array]) -> LayerCompute:
     """One layer's compute for one micro-batch, by op class."""
-    attention_gemms, mlp_gemms = gemm_fwd_s(sh, k)
-    attention, attention_fwd = attention_core_s(sh, k)
-    elementwise, mlp_elementwise = elementwise_fwd_s(sh, k)
+    attention_gemms, mlp_gemms = gemm_fwd_s(layer, k)
+    attention, attention_fwd = attention_core_s(layer, k)
+    elementwise, mlp_elementwise = elementwise_fwd_s(layer, k)
     return LayerCompute(attention_gemms_fwd_s=attention_gemms, mlp_gemms_fwd_s=mlp_gemms,
                         attention_s=attention, attention_fwd_s=attention_fwd,
                         elementwise_fwd_s=elementwise, mlp_elementwise_fwd_s=mlp_elementwise)
 
 
-def _recompute_kinds(sh: Shapes) -> list[Array]:
+def _recompute_kinds(layer: LayerShape) -> list[Array]:
     """Flags of full, selective and MLP recomputation, in the order the selects use."""
-    return [sh.is_recompute("full"), sh.is_recompute("selective"), sh.is_recompute("mlp")]
+    return [layer.is_recompute("full"), layer.is_recompute("selective"),
+            layer.is_recompute("mlp")]
 
 
-def recompute_s(sh: Shapes, compute: LayerCompute) -> Array:
+def recompute_s(layer: LayerShape, compute: LayerCompute) -> Array:
     """Seconds one layer spends on recomputation for one micro-batch: recomputation repeats
     forward work before the backward pass (the whole layer's, the attention core's, or the
     MLP's)."""
     return np.select(
-        _recompute_kinds(sh),
+        _recompute_kinds(layer),
         [compute.forward_s, compute.attention_fwd_s,
          compute.mlp_gemms_fwd_s + compute.mlp_elementwise_fwd_s],
         default=0.0,
     )
 
 
-def tensor_parallel_s(sh: Shapes, links: LinkBandwidths) -> tuple[Array, Array]:
+def tensor_parallel_s(layer: LayerShape, links: LayerLinks) -> tuple[Array, Array]:
     """Seconds of one layer's tensor-parallel collectives for one micro-batch: those of the
     forward pass, and all of them (forward, backward and those recomputation repeats)."""
-    T, h, t = sh.tokens, sh.hidden, sh.tp
+    T, h, t = layer.tokens, layer.hidden, layer.tp
     # Tensor parallelism: two all-reduces of the T×h activations forward and two backward.
     # Sequence parallelism swaps each all-reduce for an all-gather + reduce-scatter pair of
     # the same volume, and its backward gathers each block's input once more for the weight
@@ -210,60 +218,62 @@ def tensor_parallel_s(sh: Shapes, links: LinkBandwidths) -> tuple[Array, Array]:
     tp_collective_s = np.where(t > 1, 2 * (t - 1) / t * 2.0 * T * h / links.tensor_parallel,
                                0.0)
     tp_fwd_s = 2 * tp_collective_s
-    tp_bwd_s = tp_fwd_s * np.where(sh.sequence_parallel, 1.5, 1.0)
+    tp_bwd_s = tp_fwd_s * np.where(layer.sequence_parallel, 1.5, 1.0)
     # Recomputation repeats forward collectives: all of them (full), or the MLP's half.
-    tp_comm_s = tp_fwd_s + tp_bwd_s + tp_fwd_s * sh.per_recompute({"full": 1.0, "mlp": 0.5})
+    tp_comm_s = tp_fwd_s + tp_bwd_s + tp_fwd_s * layer.per_recompute({"full": 1.0, "mlp": 0.5})
     return tp_fwd_s, tp_comm_s
 
 
-def kernel_launches(sh: Shapes) -> tuple[Array, Array]:
+def kernel_launches(layer: LayerShape) -> tuple[Array, Array]:
     """Kernels one layer launches for one micro-batch: in its forward pass, and in all
     (forward, backward and recomputation)."""
-    t = sh.tp
+    t = layer.tp
     # Launch overhead: the backward pass launches about twice the forward kernels;
     # recomputation launches the recomputed part's kernels again.
-    cp = sh.cp
-    attention_kernels = cp * sh.per_attention(ATTENTION_KERNELS) + (cp - 1) * CP_STEP_KERNELS
+    cp = layer.cp
+    attention_kernels = (cp * layer.per_attention(ATTENTION_KERNELS)
+                         + (cp - 1) * CP_STEP_KERNELS)
     forward_kernels = (
         FORWARD_KERNELS + attention_kernels
-        + np.where(sh.fused_norm, 0.0, 2 * UNFUSED_NORM_EXTRA_KERNELS)
-        + np.where(t > 1, np.where(sh.sequence_parallel, 4.0, 2.0), 0.0)
+        + np.where(layer.fused_norm, 0.0, 2 * UNFUSED_NORM_EXTRA_KERNELS)
+        + np.where(t > 1, np.where(layer.sequence_parallel, 4.0, 2.0), 0.0)
     )
     # The MLP's recomputed forward reruns FC1, SwiGLU and FC2, and FC2's all-reduce (with
     # SP, FC1's all-gather and FC2's reduce-scatter).
-    mlp_collectives = np.where(t > 1, np.where(sh.sequence_parallel, 2.0, 1.0), 0.0)
+    mlp_collectives = np.where(t > 1, np.where(layer.sequence_parallel, 2.0, 1.0), 0.0)
     recompute_kernels = np.select(
-        _recompute_kinds(sh), [forward_kernels, attention_kernels, 3.0 + mlp_collectives],
+        _recompute_kinds(layer), [forward_kernels, attention_kernels, 3.0 + mlp_collectives],
         default=0.0)
     return forward_kernels, FORWARD_AND_BACKWARD * forward_kernels + recompute_kernels
 
 
-def context_parallel_exposed_s(sh: Shapes, links: LinkBandwidths, attention_s: Array) -> Array:
+def context_parallel_exposed_s(layer: LayerShape, links: LayerLinks, attention_s: Array,
+                               ) -> Array:
     """Seconds of one layer's context-parallel ring transfers for one micro-batch that its
     attention (`attention_s`, forward + backward) does not hide."""
-    T, t, cp = sh.tokens, sh.tp, sh.cp
+    T, t, cp = layer.tokens, layer.tp, layer.cp
     # Context parallelism passes each rank's K and V chunk around a ring (cp-1 steps) forward,
     # and K, V and their gradients backward; the transfers overlap the attention kernels
     # (Megatron/Transformer Engine ring attention), so only the excess is exposed.
     # Each step is a point-to-point send to the next CP rank (links.context_ring).
-    kv_bytes = 2 * 2.0 * T * sh.kv_width / t  # K and V of the local chunk, bf16
+    kv_bytes = 2 * 2.0 * T * layer.kv_width / t  # K and V of the local chunk, bf16
     cp_transfer_s = (cp - 1) * kv_bytes * (1 + 2) / links.context_ring  # forward + backward
     return np.where(cp > 1, np.maximum(0.0, cp_transfer_s - attention_s), 0.0)
 
 
-def logits_s(sh: Shapes, k: Mapping[str, Array]) -> Array:
+def logits_s(layer: LayerShape, k: Mapping[str, Array]) -> Array:
     """Seconds of the output layer and the loss for one micro-batch, forward + backward."""
-    T, h, t = sh.tokens, sh.hidden, sh.tp
+    T, h, t = layer.tokens, layer.hidden, layer.tp
     # The last stage also runs the output layer and the loss (the slowest stage). The loss
     # works on 1/tp of the vocabulary when it is vocabulary-parallel, else on all of it.
-    logits_flops = 2 * T * h * sh.vocab / t
+    logits_flops = 2 * T * h * layer.vocab / t
     vocab_share = np.where(k["logits_sharded_by_tp"] > 0, 1.0 / t, 1.0)
-    gemm_rate = sh.peak_flops * k["gemm_efficiency"]
+    gemm_rate = layer.peak_flops * k["gemm_efficiency"]
     return (FORWARD_AND_BACKWARD * logits_flops / gemm_rate
-            + LOSS_TRAFFIC * T * sh.vocab * vocab_share / _memory_rate(sh, k))
+            + LOSS_TRAFFIC * T * layer.vocab * vocab_share / _memory_rate(layer, k))
 
 
-def pipeline_p2p_s(sh: Shapes, links: LinkBandwidths) -> Array:
+def pipeline_p2p_s(sh: Shapes, links: StepLinks) -> Array:
     """Seconds a stage spends sending and receiving across its boundaries, per micro-batch."""
     # Pipeline: activations cross each stage boundary forward and their gradients backward;
     # neighbouring stages sit tp·cp·dp ranks apart, on another node beyond gpus_per_node.
@@ -277,7 +287,7 @@ def pipeline_p2p_s(sh: Shapes, links: LinkBandwidths) -> Array:
     # et al. 2021, §2.2: "the amount of communication also increases by v").
     # A pipeline over more than one node paces at its hop across a node boundary
     # (links.pipeline_hop).
-    p2p_bytes = 2.0 * sh.tokens * sh.hidden / sh.tp
+    p2p_bytes = 2.0 * sh.layer.tokens * sh.layer.hidden / sh.layer.tp
     return np.where(sh.pp > 1, sh.vp * 2 * p2p_bytes / links.pipeline_hop, 0.0)
 
 
@@ -299,7 +309,7 @@ def bubble_s(sh: Shapes, layer_s: Array, logits: Array) -> Array:
     return (sh.pp - 1) / sh.vp * mean_stage_mb
 
 
-def data_parallel_exposed_s(sh: Shapes, k: Mapping[str, Array], links: LinkBandwidths,
+def data_parallel_exposed_s(sh: Shapes, k: Mapping[str, Array], links: StepLinks,
                             stage_layers: Array, layer_s: Array, forward_layer_s: Array,
                             ) -> Array:
     """Seconds of one step's data-parallel communication that compute does not hide, on the
@@ -307,7 +317,7 @@ def data_parallel_exposed_s(sh: Shapes, k: Mapping[str, Array], links: LinkBandw
     `forward_layer_s` forward)."""
     # Data parallelism: reduce-scatter the gradients and all-gather the updated bf16 weights
     # (distributed optimizer), or all-reduce the gradients.
-    d = gradient_ranks(sh.dp, sh.cp)
+    d = gradient_ranks(sh.dp, sh.layer.cp)
     P = sh.params_per_gpu
     dp_bandwidth = links.gradient
     gradient_s = np.where(sh.distributed_optimizer, 1.0, 2.0) * (
@@ -334,45 +344,64 @@ def data_parallel_exposed_s(sh: Shapes, k: Mapping[str, Array], links: LinkBandw
 def optimizer_step_s(sh: Shapes, k: Mapping[str, Array]) -> Array:
     """Seconds of the optimizer step: Adam over the local shard of the parameters (all of
     them without the distributed optimizer)."""
-    sharded_over = np.where(sh.distributed_optimizer, gradient_ranks(sh.dp, sh.cp), 1.0)
+    sharded_over = np.where(sh.distributed_optimizer, gradient_ranks(sh.dp, sh.layer.cp), 1.0)
     shard = sh.params_per_gpu / sharded_over
-    return (OPTIMIZER_STATE_TRAFFIC + k["gradient_bytes"]) * shard / _memory_rate(sh, k)
+    return (OPTIMIZER_STATE_TRAFFIC + k["gradient_bytes"]) * shard / _memory_rate(sh.layer, k)
+
+
+LAYER_PARTS = ("gemm", "attention", "elementwise", "recompute", "tp_comm", "cp_comm",
+               "overhead")
+"""The parts of one layer's seconds for one micro-batch (`layer_seconds`), each a component
+of the step (times the layer passes of the slowest stage)."""
+
+
+def layer_seconds(layer: LayerShape, k: Mapping[str, Array]) -> dict[str, Array]:
+    """Seconds of one layer for one micro-batch: each of `LAYER_PARTS`, `layer` (their sum),
+    `forward` (its forward pass, compute, collectives and launches: the window behind which
+    a weight gather can hide) and `logits` (the output layer and loss of the last stage)."""
+    compute = layer_compute(layer, k)
+    links = layer_links(layer, k)
+    tp_fwd_s, tp_comm_s = tensor_parallel_s(layer, links)
+    forward_kernels, kernels = kernel_launches(layer)
+    # The recomputed forward's collectives are counted with the communication (tp_comm).
+    parts = {
+        "gemm": compute.gemm_s,
+        "attention": compute.attention_s,
+        "elementwise": compute.elementwise_s,
+        "recompute": recompute_s(layer, compute),
+        "tp_comm": tp_comm_s,
+        "cp_comm": context_parallel_exposed_s(layer, links, compute.attention_s),
+        "overhead": kernels * k["kernel_overhead_s"],
+    }
+    return {
+        **parts,
+        "layer": sum(parts.values()),
+        "forward": compute.forward_s + tp_fwd_s + forward_kernels * k["kernel_overhead_s"],
+        "logits": logits_s(layer, k),
+    }
 
 
 def time_breakdown(sh: Shapes, k: Mapping[str, Array]) -> dict[str, Array]:
     """Seconds per optimizer step by component; the components sum to the step time.
 
-    A layer's parts for one micro-batch, times the slowest stage's layers and the
-    micro-batches, plus that stage's output layer, the stage-boundary sends, the bubble,
-    the exposed data-parallel communication and the optimizer step.
+    A layer's parts for one micro-batch (worked out once per distinct layer shape), times
+    the slowest stage's layers and the micro-batches, plus that stage's output layer, the
+    stage-boundary sends, the bubble, the exposed data-parallel communication and the
+    optimizer step.
     """
-    compute = layer_compute(sh, k)
-    links = link_bandwidths(sh, k)
-    tp_fwd_s, tp_comm_s = tensor_parallel_s(sh, links)
-    forward_kernels, kernels = kernel_launches(sh)
-    # The recomputed forward's collectives are counted with the communication (tp_comm).
-    per_layer = {
-        "gemm": compute.gemm_s,
-        "attention": compute.attention_s,
-        "elementwise": compute.elementwise_s,
-        "recompute": recompute_s(sh, compute),
-        "tp_comm": tp_comm_s,
-        "cp_comm": context_parallel_exposed_s(sh, links, compute.attention_s),
-        "overhead": kernels * k["kernel_overhead_s"],
-    }
-    layer_s = sum(per_layer.values())
-    logits = logits_s(sh, k)
+    layer = sh.per_layer(layer_seconds, k)
+    links = step_links(sh, k)
+    layer_s, logits = layer["layer"], layer["logits"]
     stage_layers, stage_logits = slowest_stage(sh, layer_s, logits)
-    forward_layer_s = compute.forward_s + tp_fwd_s + forward_kernels * k["kernel_overhead_s"]
     m = sh.micro_batches
     layers_per_step = m * stage_layers  # layer passes of the slowest stage in one step
-    parts = {name: layers_per_step * value for name, value in per_layer.items()}
+    parts = {name: layers_per_step * layer[name] for name in LAYER_PARTS}
     return {
         **parts,
         "logits": m * stage_logits,
         "pp_comm": m * pipeline_p2p_s(sh, links),
         "bubble": bubble_s(sh, layer_s, logits),
         "dp_comm": data_parallel_exposed_s(
-            sh, k, links, stage_layers, layer_s, forward_layer_s),
+            sh, k, links, stage_layers, layer_s, layer["forward"]),
         "optimizer": optimizer_step_s(sh, k),
     }

@@ -8,7 +8,7 @@ import pandas as pd
 
 from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
 from layoutsearch.costs import build_cost_model
-from layoutsearch.costs.shapes import Shapes
+from layoutsearch.costs.shapes import LayerShape, Shapes
 from layoutsearch.space import SearchSpace
 from layoutsearch.specs import Job
 
@@ -31,6 +31,10 @@ def table(model: str = "llama_13b", cluster: str = "a100_80gb", num_gpus: int = 
 
 def shapes(**kwargs: Any) -> Shapes:
     return Shapes.of(table(**kwargs), clusters_by_gpu())
+
+
+def layer_shape(**kwargs: Any) -> LayerShape:
+    return shapes(**kwargs).layer
 
 
 def score(**kwargs: Any) -> pd.DataFrame:

@@ -260,7 +260,8 @@ def test_a_table_of_several_jobs_prices_each_row_as_its_own_job_does(
     # One job's rows share their model, cluster and batch, which the model then holds as one
     # number each; a table that mixes jobs (a replay, a calibration) holds them per row.
     # Every row must come out the same, bit for bit, either way, and whether the formulas
-    # of layout sizes are worked out per distinct size (big tables) or row by row.
+    # of layout sizes and of one layer are worked out per distinct size and layer shape
+    # (big tables) or row by row.
     monkeypatch.setattr(distinct, "MIN_ROWS", keyed_from_rows)
     jobs = [table(model="llama_13b", tp=[1, 2, 4], pp=[1, 2], recompute=["none", "full"]),
             table(model="llama_65b", cluster="h100_sxm", num_gpus=128, tp=[2, 8], pp=[4, 8],

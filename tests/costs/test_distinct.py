@@ -1,4 +1,5 @@
-"""A formula worked out once per distinct combination of its inputs equals it on every row."""
+"""A formula worked out once per distinct combination of its inputs (or per distinct layer
+shape) equals it on every row."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import pytest
 
 from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs import build_cost_model, distinct
-from layoutsearch.costs.distinct import distinct_rows, per_distinct
-from layoutsearch.costs.shapes import _uniform
+from layoutsearch.costs.constants import load_constants
+from layoutsearch.costs.distinct import distinct_rows, groups, per_distinct
+from layoutsearch.costs.memory import layer_activation_bytes
+from layoutsearch.costs.shapes import LayerShape, Shapes, _uniform
+from layoutsearch.costs.timing import layer_seconds
 from tests.costs.builders import table
 
 
@@ -100,6 +104,61 @@ def test_per_distinct_of_rows_that_never_repeat_or_of_no_rows_calls_the_formula_
     empty = np.array([], dtype=float)
     assert per_distinct(counted, empty, empty, np.asarray(2.0))[0].shape == (3, 0)
     assert calls == [3, 0]
+
+
+def test_groups_give_a_row_of_each_combination_and_every_row_its_own() -> None:
+    tp, pp = _columns(1000, seed=5)
+    found = groups([tp, pp])
+    assert found is not None
+    first, inverse = found
+    assert len(first) == 12  # 4 tp x 3 pp
+    np.testing.assert_array_equal(tp[first][inverse], tp)
+    np.testing.assert_array_equal(pp[first][inverse], pp)
+
+
+def test_no_groups_without_columns_or_where_no_row_repeats(monkeypatch: pytest.MonkeyPatch,
+                                                          ) -> None:
+    assert groups([]) is None
+    assert groups([np.array([1.0, 2.0, 4.0])]) is None
+    monkeypatch.setattr(distinct, "MIN_ROWS", 100)
+    assert groups(list(_columns(99))) is None
+    assert groups(list(_columns(100))) is not None
+
+
+def test_a_layers_figures_per_distinct_layer_shape_are_every_rows_bit_for_bit() -> None:
+    # 144 rows, 24 layer shapes (tp x micro-batch x attention x recompute): pp and the
+    # distributed optimizer split the model and the step, not a layer.
+    rows = table(num_gpus=64, tp=[1, 2, 4], pp=[1, 2, 4], micro_batch_size=[1, 2],
+                 attention=["fused", "flash2"], recompute=["none", "full"],
+                 distributed_optimizer=[False, True])
+    sh = Shapes.of(rows, clusters_by_gpu())
+    assert sh.layer_groups is not None and len(sh.layer_groups[0]) == 24
+    assert len(rows) == 144
+    k = {name: np.asarray(value) for name, value in
+         load_constants("analytic")["a100_80gb"].to_dict().items()}
+    keyed, every_row = sh.per_layer(layer_seconds, k), layer_seconds(sh.layer, k)
+    assert list(keyed) == list(every_row)
+    for name, value in every_row.items():
+        assert keyed[name].tobytes() == value.tobytes(), name
+    memory = sh.per_layer(layer_activation_bytes)
+    for name, value in layer_activation_bytes(sh.layer).items():
+        assert memory[name].tobytes() == value.tobytes(), name
+
+
+def test_constants_that_differ_by_row_price_every_layer_row_by_row() -> None:
+    sh = Shapes.of(table(num_gpus=64, tp=[1, 2], pp=[1, 2, 4]), clusters_by_gpu())
+    assert sh.layer_groups is not None
+    seen: list[int] = []
+
+    def formula(layer: LayerShape, k: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        seen.append(len(layer.tp))
+        return {"scaled": layer.tp * k["scale"]}
+
+    per_row = sh.per_layer(formula, {"scale": np.arange(6.0)})
+    shared = sh.per_layer(formula, {"scale": np.asarray(3.0)})
+    assert seen == [6, 2]
+    np.testing.assert_array_equal(per_row["scaled"], sh.layer.tp * np.arange(6.0))
+    np.testing.assert_array_equal(shared["scaled"], sh.layer.tp * 3.0)
 
 
 def test_a_table_under_min_rows_is_worked_out_row_by_row(monkeypatch: pytest.MonkeyPatch,

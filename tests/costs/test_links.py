@@ -1,4 +1,5 @@
-"""Bandwidths of a layout's groups: placement of ranks on nodes, one per distinct size."""
+"""Bandwidths of a layout's groups: placement of ranks on nodes, inside a layer and between
+layers and steps."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ import pandas as pd
 
 from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs.constants import load_constants
-from layoutsearch.costs.links import Fabric, bus_bandwidth, link_bandwidths, stays_in_node
+from layoutsearch.costs.links import (
+    Fabric,
+    bus_bandwidth,
+    layer_links,
+    stays_in_node,
+    step_links,
+)
 from layoutsearch.costs.shapes import Shapes
 from tests.costs.builders import table
-
-
-def _fabric(sh: Shapes, k: dict[str, np.ndarray]) -> Fabric:
-    return Fabric(sh.gpus_per_node, sh.num_gpus, sh.intra_node_bandwidth,
-                  sh.inter_node_bandwidth, k["nvlink_efficiency"], k["network_efficiency"])
 
 
 def _constants(rows: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -30,18 +32,20 @@ def test_a_straddling_group_gets_the_nics_of_its_fewest_ranks_on_a_node() -> Non
     # 0, 2, 4, 6 and 1, 3, 5, 7 each have one rank there (1 NIC).
     rows = table(num_gpus=24, global_batch_size=24, tp=[4, 2]).assign(gpus_per_node=6)
     sh, k = Shapes.of(rows, clusters_by_gpu()), _constants(rows)
-    nic = sh.inter_node_bandwidth * k["network_efficiency"]
+    nic = sh.layer.inter_node_bandwidth * k["network_efficiency"]
     size, stride = np.array([4.0, 4.0]), np.array([1.0, 2.0])
-    np.testing.assert_allclose(bus_bandwidth(_fabric(sh, k), size, stride), [2 * nic[0], nic[1]])
+    np.testing.assert_allclose(bus_bandwidth(Fabric.of(sh.layer, k), size, stride),
+                               [2 * nic[0], nic[1]])
 
 
 def test_groups_inside_a_node_run_on_nvlink_and_a_pipeline_over_nodes_on_one_nic() -> None:
     rows = table(num_gpus=32, tp=[1, 2, 8], pp=[1, 4])
     sh, k = Shapes.of(rows, clusters_by_gpu()), _constants(rows)
-    links = link_bandwidths(sh, k)
-    nvlink = sh.intra_node_bandwidth * k["nvlink_efficiency"]
-    nic = sh.inter_node_bandwidth * k["network_efficiency"]
-    np.testing.assert_array_equal(links.tensor_parallel, nvlink)  # tp <= 8 GPUs a node
+    links = step_links(sh, k)
+    nvlink = sh.layer.intra_node_bandwidth * k["nvlink_efficiency"]
+    nic = sh.layer.inter_node_bandwidth * k["network_efficiency"]
+    # tp <= 8 GPUs a node
+    np.testing.assert_array_equal(layer_links(sh.layer, k).tensor_parallel, nvlink)
     np.testing.assert_array_equal(links.pipeline_hop, nic)  # 32 GPUs span 4 nodes
     # The gradient group (dp ranks, tp apart) fits in a node only at pp 4 (tp·dp = 8).
     inside = (rows["tp"] * rows["dp"] <= 8).to_numpy()
@@ -57,13 +61,14 @@ def test_each_rows_bandwidths_are_its_own_in_a_table_of_several_clusters() -> No
                       table(cluster="h100_sxm", num_gpus=64, tp=[2, 16], cp=[1, 4])],
                      ignore_index=True)
     sh, k = Shapes.of(rows, clusters_by_gpu()), _constants(rows)
-    links = link_bandwidths(sh, k)
-    fabric = _fabric(sh, k)
-    np.testing.assert_array_equal(links.tensor_parallel, bus_bandwidth(fabric, sh.tp, 1.0))
-    np.testing.assert_array_equal(links.gradient, bus_bandwidth(fabric, sh.dp * sh.cp, sh.tp))
-    ring_inside = stays_in_node(sh.cp, sh.tp, sh.gpus_per_node, sh.num_gpus)
+    layer, fabric = sh.layer, Fabric.of(sh.layer, k)
+    inside, between = layer_links(layer, k), step_links(sh, k)
+    np.testing.assert_array_equal(inside.tensor_parallel, bus_bandwidth(fabric, layer.tp, 1.0))
+    np.testing.assert_array_equal(between.gradient,
+                                  bus_bandwidth(fabric, sh.dp * layer.cp, layer.tp))
+    ring_inside = stays_in_node(layer.cp, layer.tp, layer.gpus_per_node, layer.num_gpus)
     assert ring_inside.any() and not ring_inside.all()
     np.testing.assert_array_equal(
-        links.context_ring,
-        np.where(ring_inside, sh.intra_node_bandwidth * k["nvlink_efficiency"],
-                 sh.inter_node_bandwidth * k["network_efficiency"]))
+        inside.context_ring,
+        np.where(ring_inside, layer.intra_node_bandwidth * k["nvlink_efficiency"],
+                 layer.inter_node_bandwidth * k["network_efficiency"]))

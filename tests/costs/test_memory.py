@@ -7,7 +7,7 @@ import pytest
 
 from layoutsearch.costs.memory import GIB, activation_bytes_per_layer
 from layoutsearch.costs.shapes import at_stage, peak_stage
-from tests.costs.builders import score, shapes
+from tests.costs.builders import layer_shape, score, shapes
 
 GPT3 = dict(model="gpt3_175b", num_gpus=1024, seq_length=2048, global_batch_size=1536)
 
@@ -22,7 +22,7 @@ def test_gpt_block_matches_korthikanti_without_dropout(tp: int) -> None:
     s, b, h, a = 2048, 1, 12288, 96
     # GPT-3's LayerNorm is one kernel without the study's RMSNorm kernel (rmsnorm_kernel).
     sh = shapes(**GPT3, tp=tp, attention="fused", rmsnorm_kernel=False, recompute="none")
-    kept, rebuilt, layer_input = activation_bytes_per_layer(sh)
+    kept, rebuilt, layer_input = activation_bytes_per_layer(sh.layer)
     expected = s * b * h * (8 + 24 / tp) + 2 * a * s * s * b / tp
     assert kept[0] == pytest.approx(expected, rel=1e-12)
     assert rebuilt[0] == 0.0  # no recompute, nothing rebuilt
@@ -32,17 +32,17 @@ def test_gpt_block_matches_korthikanti_without_dropout(tp: int) -> None:
 def test_sequence_parallelism_splits_the_replicated_part() -> None:
     # Korthikanti §4.2.2: with SP the 10·sbh term (8 without dropout) also divides by t.
     s, b, h, tp = 2048, 1, 12288, 8
-    plain = activation_bytes_per_layer(shapes(**GPT3, tp=tp, attention="flash2"))[0][0]
+    plain = activation_bytes_per_layer(layer_shape(**GPT3, tp=tp, attention="flash2"))[0][0]
     split = activation_bytes_per_layer(
-        shapes(**GPT3, tp=tp, attention="flash2", sequence_parallel=True))[0][0]
+        layer_shape(**GPT3, tp=tp, attention="flash2", sequence_parallel=True))[0][0]
     assert plain - split == pytest.approx(8 * s * b * h * (1 - 1 / tp))
 
 
 def test_selective_recompute_drops_exactly_the_scores() -> None:
     s, a, tp = 2048, 96, 4
-    none = activation_bytes_per_layer(shapes(**GPT3, tp=tp, attention="torch"))[0][0]
+    none = activation_bytes_per_layer(layer_shape(**GPT3, tp=tp, attention="torch"))[0][0]
     selective = activation_bytes_per_layer(
-        shapes(**GPT3, tp=tp, attention="torch", recompute="selective"))[0][0]
+        layer_shape(**GPT3, tp=tp, attention="torch", recompute="selective"))[0][0]
     assert none - selective == pytest.approx(6 * a * s * s / tp)  # torch keeps 6 bytes/score
 
 
@@ -77,7 +77,7 @@ def test_more_tensor_parallelism_holds_fewer_weights_per_gpu() -> None:
 @pytest.mark.parametrize(("tp", "rows"), [(1, 32000), (2, 32000), (4, 32256), (8, 32768)])
 def test_the_vocabulary_is_padded_as_megatron_pads_it(tp: int, rows: int) -> None:
     # arguments.py::_vocab_size_with_padding: a multiple of 128 · tp.
-    assert shapes(tp=tp).vocab[0] == rows
+    assert layer_shape(tp=tp).vocab[0] == rows
     padded = score(tp=tp, model_fields={"vocab_size": rows})
     assert score(tp=tp)["memory_weights_gib"].iloc[0] == pytest.approx(
         padded["memory_weights_gib"].iloc[0], rel=1e-12)
@@ -161,7 +161,7 @@ def test_a_trimmed_first_stage_moves_the_peak_to_the_second() -> None:
     acts = sh.stage_layers[:, 0] * sh.stage_in_flight[:, 0]
     assert acts.tolist() == [48.0, 56.0, 6.0]
     row = score(model="llama_30b", num_gpus=256, pp=8, tp=2).iloc[0]
-    kept = activation_bytes_per_layer(sh)[0]
+    kept = activation_bytes_per_layer(sh.layer)[0]
     factor = 1.55  # activation_memory_factor of cost_models/analytic.yaml
     assert row["memory_activations_gib"] == pytest.approx(56 * factor * kept[0] / GIB)
 
@@ -175,7 +175,7 @@ def test_mlp_recompute_keeps_fc1_input_only_with_the_local_layers(
     # input, kept); Transformer Engine fuses that norm into FC1, so its checkpoint keeps the
     # residual stream (the norm's input, kept anyway) and FC1's input goes too.
     T, h, f, tp = 2048, 5120, 13824, 2
-    kept = {recompute: activation_bytes_per_layer(shapes(
+    kept = {recompute: activation_bytes_per_layer(layer_shape(
         tp=tp, attention=attention, rmsnorm_kernel=rmsnorm_kernel, recompute=recompute))[0][0]
         for recompute in ("none", "mlp")}
     dropped_norm_outputs = 2 - kept_norm_outputs
@@ -275,5 +275,5 @@ def test_the_peak_stage_is_the_first_largest_as_argmax_says() -> None:
 
 
 def test_a_number_per_recompute_kind_is_zero_for_kinds_not_named() -> None:
-    sh = shapes(recompute=["none", "selective", "mlp", "full"])
-    assert sh.per_recompute({"full": 1.0, "mlp": 0.5}).tolist() == [0.0, 0.0, 0.5, 1.0]
+    layer = layer_shape(recompute=["none", "selective", "mlp", "full"])
+    assert layer.per_recompute({"full": 1.0, "mlp": 0.5}).tolist() == [0.0, 0.0, 0.5, 1.0]

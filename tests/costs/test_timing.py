@@ -10,7 +10,7 @@ from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs import build_cost_model
 from layoutsearch.costs.constants import load_constants
 from layoutsearch.costs.timing import kernel_launches
-from tests.costs.builders import score, shapes, table
+from tests.costs.builders import layer_shape, score, table
 
 # A tiny vocabulary makes the output layer negligible, so every stage does the same work.
 EVEN = dict(model_fields={"vocab_size": 128}, num_gpus=64)
@@ -143,7 +143,7 @@ def test_context_parallel_attention_launches_a_kernel_per_ring_step() -> None:
     # cp 4: four FlashAttention launches a layer instead of one, and three steps that each
     # add a K/V send/receive and two corrections of the partial output: 3 + 9 = 12 more
     # forward kernels, and 3x that with the backward (FORWARD_AND_BACKWARD).
-    forward, every = kernel_launches(shapes(num_gpus=64, cp=[1, 4]))
+    forward, every = kernel_launches(layer_shape(num_gpus=64, cp=[1, 4]))
     assert forward[1] - forward[0] == 12.0
     assert every[1] - every[0] == 36.0
 
