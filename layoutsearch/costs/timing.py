@@ -330,15 +330,18 @@ def data_parallel_exposed_s(sh: Shapes, k: Mapping[str, Array], links: StepLinks
     # never less than the last chunk, about one layer's share (NeMo's communication-overlap
     # guide: "exposes only one DP communication chunk"). Left out: compute slowed by the
     # NCCL kernels it runs beside, and the longer windows of stages that finish early.
-    forward_window = stage_layers * forward_layer_s
-    backward_window = stage_layers * layer_s - forward_window
-    last_chunk = 1.0 / np.maximum(stage_layers, 1.0)
+    # Without overlap (the study's runs, the `paper` space) all of it is exposed, and the
+    # windows are not worked out.
     overlap = sh.overlap_grad_reduce
-    exposed_gradient_s = np.where(
-        overlap, np.maximum(gradient_s - backward_window, gradient_s * last_chunk), gradient_s)
-    exposed_gather_s = np.where(
-        overlap, np.maximum(gather_s - forward_window, gather_s * last_chunk), gather_s)
-    return k["dp_comm_exposed"] * (exposed_gradient_s + exposed_gather_s)
+    if np.any(overlap):
+        forward_window = stage_layers * forward_layer_s
+        backward_window = stage_layers * layer_s - forward_window
+        last_chunk = 1.0 / np.maximum(stage_layers, 1.0)
+        gradient_s = np.where(overlap, np.maximum(gradient_s - backward_window,
+                                                  gradient_s * last_chunk), gradient_s)
+        gather_s = np.where(overlap, np.maximum(gather_s - forward_window,
+                                                gather_s * last_chunk), gather_s)
+    return k["dp_comm_exposed"] * (gradient_s + gather_s)
 
 
 def optimizer_step_s(sh: Shapes, k: Mapping[str, Array]) -> Array:
