@@ -42,7 +42,7 @@ from layoutsearch.calibration.timing import (
     TimeObjective,
 )
 from layoutsearch.catalog import clusters_by_gpu, load_cluster, load_model
-from layoutsearch.costs import build_cost_model
+from layoutsearch.costs import build_cost_model, distinct
 from layoutsearch.costs.analytic import AnalyticCostModel
 from layoutsearch.costs.constants import AnalyticConstants, load_constants
 from layoutsearch.errors import LayoutSearchError
@@ -622,7 +622,9 @@ def test_every_calibration_option_with_a_default_names_it_in_its_help():
     assert unnamed == []
 
 
-def test_tiled_shapes_repeat_each_row_and_keep_what_every_row_shares() -> None:
+def test_tiled_shapes_repeat_each_row_and_keep_what_every_row_shares(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(distinct, "MIN_ROWS", 0)  # the table's layer shapes are found
     sh = shapes(tp=[1, 2], pp=[1, 2])
     tiled = _tile(sh, 3)
     np.testing.assert_array_equal(tiled.layer.tp, np.tile(sh.layer.tp, 3))
@@ -630,3 +632,6 @@ def test_tiled_shapes_repeat_each_row_and_keep_what_every_row_shares() -> None:
     assert tiled.stage_layers.shape == (3, 3 * len(sh.pp))
     assert np.ndim(tiled.layer.hidden) == 0  # one model: one number, not repeated
     assert isinstance(tiled.gpu_kinds, list) and tiled.gpu_kinds == sh.gpu_kinds
+    # A fit's blocks price their layers row by row: finding the shapes of a table many
+    # times over costs more than it saves.
+    assert sh.layer_groups is not None and tiled.layer_groups is None

@@ -46,10 +46,9 @@ def _whole_values(column: Array) -> Array | None:
     return values
 
 
-def _by_values(columns: tuple[Array, ...], values: list[Array], bases: list[int],
-               ) -> tuple[list[Array], Array]:
-    """`distinct_rows` of whole-number columns: one mixed-radix key of their values (each
-    below its base; the bases' product below KEY_LIMIT, so the key does not wrap)."""
+def _by_values(values: list[Array], bases: list[int]) -> Array:
+    """`combination_index` of whole-number columns: one mixed-radix key of their values
+    (each below its base; the bases' product below KEY_LIMIT, so the key does not wrap)."""
     key = values[0]
     for base, column_values in zip(bases[1:], values[1:], strict=True):
         key = key * base + column_values
@@ -57,15 +56,8 @@ def _by_values(columns: tuple[Array, ...], values: list[Array], bases: list[int]
     if possible <= max(DENSE_LIMIT, len(key)):
         present = np.zeros(possible, dtype=bool)
         present[key] = True
-        keys = np.flatnonzero(present)
-        inverse = (np.cumsum(present) - 1)[key]
-    else:
-        inverse, keys = pd.factorize(key)
-    distinct = []
-    for base, column in zip(reversed(bases), reversed(columns), strict=True):
-        keys, digit = np.divmod(keys, base)
-        distinct.append(digit.astype(column.dtype))
-    return distinct[::-1], inverse
+        return (np.cumsum(present) - 1).take(key)
+    return pd.factorize(key)[0]
 
 
 def _bits(column: Array) -> Array:
@@ -74,8 +66,8 @@ def _bits(column: Array) -> Array:
     return column.view(f"i{column.itemsize}") if column.dtype.kind == "f" else column
 
 
-def _by_hashing(columns: tuple[Array, ...]) -> tuple[list[Array], Array]:
-    """`distinct_rows` of any columns: each one's codes by hashing, combined."""
+def _by_hashing(columns: list[Array]) -> Array:
+    """`combination_index` of any columns: each one's codes by hashing, combined."""
     key = np.zeros(len(columns[0]), dtype=np.int64)
     radix = 1
     for column in columns:
@@ -86,28 +78,18 @@ def _by_hashing(columns: tuple[Array, ...]) -> tuple[list[Array], Array]:
             radix = len(kept)
         key = key * len(uniques) + codes
         radix *= len(uniques)
-    inverse, keys = pd.factorize(key)
-    first = _first_rows(inverse, len(keys))
-    return [column[first] for column in columns], inverse
+    return pd.factorize(key)[0]
 
 
-def _first_rows(inverse: Array, count: int) -> Array:
-    """A row of each of the `count` combinations that `inverse` indexes: any row of one will
-    do, as they all hold the same values."""
-    first = np.empty(count, dtype=np.intp)
-    first[inverse] = np.arange(len(inverse))
-    return first
-
-
-def distinct_rows(columns: tuple[Array, ...]) -> tuple[list[Array], Array]:
-    """The distinct combinations of the per-row `columns` (1-d, one length, at least one
-    row), column by column, and per row the index of its combination among them."""
+def combination_index(columns: list[Array]) -> Array:
+    """Per row of the per-row `columns` (1-d, one length, at least one row), the index of
+    its combination of their values among the distinct ones (0, 1, ... in no set order)."""
     values = [_whole_values(column) for column in columns]
     whole = [v for v in values if v is not None]
     if len(whole) == len(values):
         bases = [int(v.max()) + 1 for v in whole]
         if math.prod(bases) < KEY_LIMIT:
-            return _by_values(columns, whole, bases)
+            return _by_values(whole, bases)
     return _by_hashing(columns)
 
 
@@ -117,11 +99,21 @@ def groups(columns: list[Array]) -> tuple[Array, Array] | None:
     fewer than MIN_ROWS rows, or nothing repeats (gathering would only copy)."""
     if not columns or len(columns[0]) < max(MIN_ROWS, 1):
         return None
-    inverse = distinct_rows(tuple(columns))[1]
+    inverse = combination_index(columns)
     count = int(inverse.max()) + 1
     if count == len(inverse):
         return None
-    return _first_rows(inverse, count), inverse
+    first = np.empty(count, dtype=np.intp)
+    # Any row of a combination will do: they all hold the same values.
+    first[inverse] = np.arange(len(inverse))
+    return first, inverse
+
+
+def pick(values: Array, rows: Array) -> Array:
+    """The entries of a per-row array (rows along its last axis) at the indices `rows`; one
+    number for every row (0-d) as it is."""
+    # np.take, not values[..., rows]: a (3, rows) gather that way is ~7x slower.
+    return np.take(values, rows, axis=-1) if np.ndim(values) else values
 
 
 def per_distinct(formula: Callable[..., tuple[Array, ...]], *inputs: Array,
@@ -130,15 +122,8 @@ def per_distinct(formula: Callable[..., tuple[Array, ...]], *inputs: Array,
     that vary by row and gathered back to every row along the last axis. A 0-d input (one
     number for every row) is passed as it is. A table under MIN_ROWS rows is worked out
     row by row: finding its combinations would cost more than it saves."""
-    varying = [i for i, values in enumerate(inputs) if np.ndim(values)]
-    if not varying or len(inputs[varying[0]]) < max(MIN_ROWS, 1):
+    found = groups([values for values in inputs if np.ndim(values)])
+    if found is None:
         return formula(*inputs)
-    distinct, inverse = distinct_rows(tuple(inputs[i] for i in varying))
-    if len(distinct[0]) == len(inverse):  # nothing repeats: gathering would only copy
-        return formula(*inputs)
-    picked = list(inputs)
-    for i, values in zip(varying, distinct, strict=True):
-        picked[i] = values
-    # np.take, not out[..., inverse]: a (3, rows) gather that way is ~7x slower.
-    return tuple(np.take(out, inverse, axis=-1) if np.ndim(out) else out
-                 for out in formula(*picked))
+    first, inverse = found
+    return tuple(pick(out, inverse) for out in formula(*(pick(v, first) for v in inputs)))

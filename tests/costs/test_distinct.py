@@ -10,7 +10,7 @@ import pytest
 from layoutsearch.catalog import clusters_by_gpu
 from layoutsearch.costs import build_cost_model, distinct
 from layoutsearch.costs.constants import load_constants
-from layoutsearch.costs.distinct import distinct_rows, groups, per_distinct
+from layoutsearch.costs.distinct import groups, per_distinct
 from layoutsearch.costs.memory import layer_activation_bytes
 from layoutsearch.costs.shapes import LayerShape, Shapes, _uniform
 from layoutsearch.costs.timing import layer_seconds
@@ -40,12 +40,20 @@ def _same_bits(got: tuple[np.ndarray, ...], want: tuple[np.ndarray, ...]) -> boo
                for g, w in zip(got, want, strict=True))
 
 
+def _combinations(*columns: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """The distinct combinations of `columns`, column by column, and per row the index of
+    its own (`groups`)."""
+    found = groups(list(columns))
+    assert found is not None
+    first, inverse = found
+    return [column[first] for column in columns], inverse
+
+
 def test_whole_number_columns_give_each_combination_once_and_every_row_its_own() -> None:
     tp, pp = _columns(1000)
     flags = tp > 2
-    (tps, pps, flagged), inverse = distinct_rows((tp, pp, flags))
+    (tps, pps, flagged), inverse = _combinations(tp, pp, flags)
     assert len(tps) == 12  # 4 tp x 3 pp; the flag follows tp
-    assert tps.dtype == tp.dtype and flagged.dtype == bool
     assert np.array_equal(tps[inverse], tp) and np.array_equal(pps[inverse], pp)
     assert np.array_equal(flagged[inverse], flags)
     assert len(set(zip(tps.tolist(), pps.tolist(), strict=True))) == len(tps)
@@ -60,7 +68,7 @@ def test_whole_number_columns_give_each_combination_once_and_every_row_its_own()
 def test_other_columns_are_told_apart_by_hashing(odd: np.ndarray) -> None:
     values = np.tile(odd, 50)
     tp, _ = _columns(100)
-    (found, tps), inverse = distinct_rows((values, tp))
+    (found, tps), inverse = _combinations(values, tp)
     # repr: NaN is one value here, as it is to the formulas' inputs.
     assert len(found) == len({(repr(v), t) for v, t in zip(values.tolist(), tp.tolist(),
                                                             strict=True)})
@@ -73,7 +81,7 @@ def test_many_possible_keys_are_hashed_not_marked(monkeypatch: pytest.MonkeyPatc
     rng = np.random.default_rng(1)
     columns = tuple(rng.choice([1.0, 2.0**19 - 1], 200) for _ in range(3))
     monkeypatch.setattr(distinct, "DENSE_LIMIT", 16)
-    found, inverse = distinct_rows(columns)
+    found, inverse = _combinations(*columns)
     assert len(found[0]) == 8
     for values, column in zip(found, columns, strict=True):
         np.testing.assert_array_equal(values[inverse], column)
@@ -183,7 +191,7 @@ def test_whole_number_columns_whose_key_would_pass_int64_are_hashed() -> None:
     # values wraps, and the combinations read back from it would be wrong.
     rng = np.random.default_rng(3)
     columns = tuple(rng.choice([1.0, 2.0**19 - 1], 200) for _ in range(5))
-    found, inverse = distinct_rows(columns)
+    found, inverse = _combinations(*columns)
     assert len(found[0]) == 32
     for values, column in zip(found, columns, strict=True):
         np.testing.assert_array_equal(values[inverse], column)
@@ -211,7 +219,7 @@ def test_negative_zero_is_told_apart_from_zero(other: np.ndarray) -> None:
     # -0.0 == 0.0, but 1 / -0.0 is -inf: each row's formula sees its own zero's sign.
     zeros = np.tile([0.0, -0.0, 0.0], 20)
     rest = np.tile(other, 30)
-    (found, _), inverse = distinct_rows((zeros, rest))
+    (found, _), inverse = _combinations(zeros, rest)
     assert found[inverse].tobytes() == zeros.tobytes()
     with np.errstate(divide="ignore"):
         assert _same_bits(per_distinct(lambda z, r: (r / z,), zeros, rest), (rest / zeros,))
