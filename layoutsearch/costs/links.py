@@ -46,7 +46,7 @@ class Fabric(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class LayerLinks:
-    """Bytes/s per row of the transfers inside one layer."""
+    """Bytes/s of the transfers inside one layer, per row (or one number for every row)."""
 
     tensor_parallel: Array
     """Bus bandwidth of the tp ranks' collectives (adjacent ranks)."""
@@ -56,7 +56,8 @@ class LayerLinks:
 
 @dataclass(frozen=True, slots=True)
 class StepLinks:
-    """Bytes/s per row of the transfers between layers and between steps."""
+    """Bytes/s of the transfers between stages and between steps, per row (or one number
+    for every row: a pipeline hop depends on the job alone)."""
 
     gradient: Array
     """Bus bandwidth of the gradient reduction over the dp·cp ranks, tp apart."""
