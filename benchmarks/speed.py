@@ -17,6 +17,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import layoutsearch
 from layoutsearch.api import resolve_cluster, resolve_model
@@ -39,8 +40,15 @@ BIG_SPACE = SearchSpace(
     recompute=("none", "selective", "mlp", "full"),
     distributed_optimizer=(False, True),
 )
-BIG_JOB = dict(model="llama3_405b", cluster="h100_sxm", num_gpus=16384, seq_length=8192,
-               global_batch_size=2048)
+BIG_JOB: dict[str, Any] = dict(model="llama3_405b", cluster="h100_sxm", num_gpus=16384,
+                               seq_length=8192, global_batch_size=2048)
+
+
+def big_job() -> Job:
+    """The job of the big space, as `search()` builds it from BIG_JOB."""
+    return Job(model=resolve_model(BIG_JOB["model"]), cluster=resolve_cluster(BIG_JOB["cluster"]),
+               num_gpus=BIG_JOB["num_gpus"], seq_length=BIG_JOB["seq_length"],
+               global_batch_size=BIG_JOB["global_batch_size"])
 
 
 def median_seconds(run: Callable[[], object], repeats: int) -> float:
@@ -70,9 +78,7 @@ def on_one_core(run: Callable[[], float]) -> float | None:
 
 
 def main() -> None:
-    job = Job(model=resolve_model(BIG_JOB["model"]), cluster=resolve_cluster(BIG_JOB["cluster"]),
-              num_gpus=BIG_JOB["num_gpus"], seq_length=BIG_JOB["seq_length"],
-              global_batch_size=BIG_JOB["global_batch_size"])
+    job = big_job()
     clusters = clusters_by_gpu()
     model = layoutsearch.build_cost_model("analytic")
     candidates = BIG_SPACE.candidates(job)
