@@ -2,10 +2,11 @@
 
 A million-row candidate table holds a few thousand distinct (tp, pp, vp, micro-batch)
 combinations; a formula of those alone (how a pipeline splits its layers, the bandwidth of
-the tensor-parallel groups) is worked out on one row of each and gathered back. The result
-is the same, bit for bit, as on every row: the formulas are element-wise.
+the gradient group) is worked out on one row of each and gathered back. The result is the
+same, bit for bit, as on every row: the formulas are element-wise.
 
     first, middle, last = per_distinct(stage_split, num_layers, pp, vp)  # pipeline.py
+    first_rows, inverse = groups([tp, cp, micro_batch])  # a row of each; each row's own
 """
 
 from __future__ import annotations
