@@ -259,7 +259,6 @@ class Shapes:
     layer: LayerShape
     # model
     num_layers: Array
-    untied: Array  # flags
     params_per_layer: Array
     num_parameters: Array
     # job and cluster
@@ -269,7 +268,6 @@ class Shapes:
     pp: Array
     dp: Array
     vp: Array
-    micro_batch: Array
     distributed_optimizer: Array  # flags
     overlap_grad_reduce: Array  # flags
     # derived
@@ -352,11 +350,11 @@ class Shapes:
             inter_node_bandwidth=per_cluster("inter_node_bandwidth_gbps") * 1e9,
         )
         return cls(
-            layer=layer, num_layers=L, untied=untied, params_per_layer=per_layer,
+            layer=layer, num_layers=L, params_per_layer=per_layer,
             num_parameters=num_parameters,
             global_batch=global_batch,
             memory_bytes=per_gpu("memory_gib") * 2.0**30,
-            pp=pp, dp=dp, vp=vp, micro_batch=mb,
+            pp=pp, dp=dp, vp=vp,
             distributed_optimizer=_flags(table, "distributed_optimizer"),
             overlap_grad_reduce=_flags(table, "overlap_grad_reduce"),
             micro_batches=micro_batches,
